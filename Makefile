@@ -1,0 +1,35 @@
+# Floodgate's entry points. `make demo` and `make test` are the README's first two commands.
+CARGO ?= cargo
+# Scale of the demo's flood; CI runs it small as a smoke test.
+DEMO_ARGS ?=
+
+.PHONY: demo test e2e bench crds lint build
+
+## demo: replay the discovery-flood incident through the churn engine and print what it does.
+demo:
+	$(CARGO) run --release --locked -q -p floodgate-e2e --bin demo -- $(DEMO_ARGS)
+
+## test: the whole suite (unit, property, integration, doc tests), built once, run in parallel.
+test:
+	$(CARGO) nextest run --workspace --locked --no-fail-fast
+	$(CARGO) test --workspace --locked --doc
+
+## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]).
+e2e:
+	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast
+
+## bench: criterion benchmarks; figures print to the terminal and land in target/criterion.
+bench:
+	$(CARGO) bench --workspace --locked
+
+## crds: regenerate the CRD from the Rust types into manifests/crds/.
+crds:
+	$(CARGO) run --locked -q -p floodgate -- crd > manifests/crds/links.floodgate.dev.yaml
+
+## lint: formatting and clippy, warnings are errors.
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+build:
+	$(CARGO) build --workspace --all-targets --locked

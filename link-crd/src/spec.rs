@@ -1,0 +1,338 @@
+//! The `Link` spec: what one link between a remote cluster and its local consumers may do.
+//!
+//! Every field but `remote` has a default, applied both by serde (standalone YAML files) and by
+//! the API server (the defaults are part of the CRD's schema). The doc comments here are the
+//! configuration reference: they become the CRD's field descriptions, and the README's table is
+//! checked against them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::KubeDuration;
+use crate::status::LinkStatus;
+
+/// The label Linkerd puts on services a cluster exports.
+pub const EXPORTED_LABEL: &str = "mirror.linkerd.io/exported";
+
+/// One link: a remote cluster's API, watched once, served to local consumers within a budget.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "floodgate.dev",
+    version = "v1alpha1",
+    kind = "Link",
+    plural = "links",
+    shortname = "fgl",
+    namespaced,
+    status = "LinkStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Services","type":"integer","jsonPath":".status.counters.services"}"#,
+    printcolumn = r#"{"name":"Endpoints","type":"integer","jsonPath":".status.counters.endpointsPublished"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LinkSpec {
+    /// Where the remote cluster's API server is and which credentials reach it. Required.
+    pub remote: RemoteSpec,
+    /// Which remote objects consumers see. Default: services labelled
+    /// `mirror.linkerd.io/exported` in (`true`, `remote-discovery`).
+    #[serde(default)]
+    pub select: SelectSpec,
+    /// How bursts of changes to one service collapse into one update.
+    #[serde(default)]
+    pub coalesce: CoalesceSpec,
+    /// How many updates consumers may receive, per link and per service.
+    #[serde(default)]
+    pub rate_limit: RateLimitSpec,
+    /// Hard limits on what the link publishes and holds.
+    #[serde(default)]
+    pub caps: CapsSpec,
+    /// When the link stops following its remote, and how it comes back.
+    #[serde(default)]
+    pub quarantine: QuarantineSpec,
+}
+
+/// How to reach the remote API server: exactly one of `kubeconfigSecret` or `kubeconfigPath`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.kubeconfigSecret) != has(self.kubeconfigPath)",
+    "message": "set exactly one of kubeconfigSecret or kubeconfigPath"
+}]))]
+pub struct RemoteSpec {
+    /// A Secret in the Link's namespace holding the remote kubeconfig (cluster mode). Linkerd's
+    /// `multicluster link` creates one named `cluster-credentials-<cluster>` with key `kubeconfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret: Option<SecretKeyRef>,
+    /// A kubeconfig file on Floodgate's own filesystem (standalone mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_path: Option<String>,
+    /// The kubeconfig context to use. Default: the kubeconfig's current context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+}
+
+/// A key of a Secret in the Link's own namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key holding the kubeconfig. Default: `kubeconfig`.
+    #[serde(default = "default_secret_key")]
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+fn default_secret_key() -> String {
+    "kubeconfig".to_owned()
+}
+
+/// What consumers see of the remote cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SelectSpec {
+    /// The services to serve (a Kubernetes label selector). Their EndpointSlices and Endpoints,
+    /// the pods those endpoints reference and the pods' ReplicaSets come along; nothing else does.
+    /// Default: `mirror.linkerd.io/exported` in (`true`, `remote-discovery`).
+    #[serde(default = "default_service_selector")]
+    pub services: LabelSelector,
+}
+
+impl Default for SelectSpec {
+    fn default() -> Self {
+        Self {
+            services: default_service_selector(),
+        }
+    }
+}
+
+fn default_service_selector() -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: EXPORTED_LABEL.to_owned(),
+            operator: "In".to_owned(),
+            values: Some(vec!["true".to_owned(), "remote-discovery".to_owned()]),
+        }]),
+        match_labels: None::<BTreeMap<String, String>>,
+    }
+}
+
+/// Debounce per service: publish after `quiet` without a further change, never later than `max`
+/// after the first unpublished change.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CoalesceSpec {
+    /// Quiet time after the last change before a service is published. Default: `100ms`.
+    #[serde(default = "default_quiet")]
+    pub quiet: KubeDuration,
+    /// Longest a pending change waits for quiet. Default: `2s`.
+    #[serde(default = "default_max")]
+    pub max: KubeDuration,
+}
+
+impl Default for CoalesceSpec {
+    fn default() -> Self {
+        Self {
+            quiet: default_quiet(),
+            max: default_max(),
+        }
+    }
+}
+
+fn default_quiet() -> KubeDuration {
+    KubeDuration::from_millis(100)
+}
+
+fn default_max() -> KubeDuration {
+    KubeDuration::from_secs(2)
+}
+
+/// Token buckets (GCRA) on what consumers receive.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RateLimitSpec {
+    /// Budget for the whole link. Default: 50 updates/s, burst 100.
+    #[serde(default = "default_per_link")]
+    pub per_link: Bucket,
+    /// Budget for each service. Default: 5 updates/s, burst 10.
+    #[serde(default = "default_per_service")]
+    pub per_service: Bucket,
+}
+
+impl Default for RateLimitSpec {
+    fn default() -> Self {
+        Self {
+            per_link: default_per_link(),
+            per_service: default_per_service(),
+        }
+    }
+}
+
+fn default_per_link() -> Bucket {
+    Bucket {
+        updates_per_second: 50,
+        burst: 100,
+    }
+}
+
+fn default_per_service() -> Bucket {
+    Bucket {
+        updates_per_second: 5,
+        burst: 10,
+    }
+}
+
+/// One token bucket: a sustained rate and how many updates may go at once.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Bucket {
+    /// Sustained updates per second. At least 1.
+    #[schemars(range(min = 1))]
+    pub updates_per_second: u32,
+    /// Updates that may go at once after a calm period. At least 1.
+    #[schemars(range(min = 1))]
+    pub burst: u32,
+}
+
+/// Hard limits.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CapsSpec {
+    /// Endpoints published per service; the rest are withheld (ready first, then those already
+    /// published, then by name) and counted as truncated. Default: 1000.
+    #[serde(default = "default_max_endpoints")]
+    #[schemars(range(min = 1))]
+    pub max_endpoints_per_service: u32,
+    /// Selected services served; services past it are withheld and counted. Default: 2000.
+    #[serde(default = "default_max_services")]
+    #[schemars(range(min = 1))]
+    pub max_services: u32,
+    /// Upstream objects the link may hold; past it the link is quarantined. Default: 200000.
+    #[serde(default = "default_max_objects")]
+    #[schemars(range(min = 1))]
+    pub max_objects: u32,
+}
+
+impl Default for CapsSpec {
+    fn default() -> Self {
+        Self {
+            max_endpoints_per_service: default_max_endpoints(),
+            max_services: default_max_services(),
+            max_objects: default_max_objects(),
+        }
+    }
+}
+
+fn default_max_endpoints() -> u32 {
+    1000
+}
+
+fn default_max_services() -> u32 {
+    2000
+}
+
+fn default_max_objects() -> u32 {
+    200_000
+}
+
+/// Flood detection and release.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuarantineSpec {
+    /// The thresholds that quarantine the link.
+    #[serde(default)]
+    pub when: QuarantineWhen,
+    /// Release by itself after a cool-down whose re-check passes. Absent: only an operator
+    /// releases the link (admin API `POST /links/{name}/release`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_release: Option<AutoRelease>,
+}
+
+/// Quarantine triggers; any one of them is enough.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuarantineWhen {
+    /// Upstream events concerning selected services, per second. Default: 2000.
+    #[serde(default = "default_events_per_second")]
+    #[schemars(range(min = 1))]
+    pub events_per_second: u32,
+    /// How long `eventsPerSecond` must be exceeded without a break. Default: `10s`.
+    #[serde(default = "default_sustained_for")]
+    pub sustained_for: KubeDuration,
+    /// Upstream endpoints of one selected service (before the cap). Must be at least
+    /// `caps.maxEndpointsPerService`. Default: 20000.
+    #[serde(default = "default_endpoints_per_service")]
+    #[schemars(range(min = 1))]
+    pub endpoints_per_service: u32,
+}
+
+impl Default for QuarantineWhen {
+    fn default() -> Self {
+        Self {
+            events_per_second: default_events_per_second(),
+            sustained_for: default_sustained_for(),
+            endpoints_per_service: default_endpoints_per_service(),
+        }
+    }
+}
+
+fn default_events_per_second() -> u32 {
+    2000
+}
+
+fn default_sustained_for() -> KubeDuration {
+    KubeDuration::from_secs(10)
+}
+
+fn default_endpoints_per_service() -> u32 {
+    20_000
+}
+
+/// Opt-in release after a cool-down. When the re-check still sees a flood, the cool-down doubles,
+/// up to `maxAfter`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoRelease {
+    /// First cool-down before a re-check. Default: `10m`.
+    #[serde(default = "default_after")]
+    pub after: KubeDuration,
+    /// Longest cool-down after repeated failed re-checks. Default: `1h`.
+    #[serde(default = "default_max_after")]
+    pub max_after: KubeDuration,
+}
+
+impl Default for AutoRelease {
+    fn default() -> Self {
+        Self {
+            after: default_after(),
+            max_after: default_max_after(),
+        }
+    }
+}
+
+fn default_after() -> KubeDuration {
+    KubeDuration::from_secs(600)
+}
+
+fn default_max_after() -> KubeDuration {
+    KubeDuration::from_secs(3600)
+}
+
+impl LinkSpec {
+    /// A spec with every default and the given remote.
+    pub fn with_remote(remote: RemoteSpec) -> Self {
+        Self {
+            remote,
+            select: SelectSpec::default(),
+            coalesce: CoalesceSpec::default(),
+            rate_limit: RateLimitSpec::default(),
+            caps: CapsSpec::default(),
+            quarantine: QuarantineSpec::default(),
+        }
+    }
+}
