@@ -2,8 +2,12 @@
 //! consumers of that API (Linkerd's service mirror and destination controllers, or any informer).
 //!
 //! See `ARCHITECTURE.md` for the tasks, ports and data flow. Modules:
+//! - [`churn`]: the pure engine of one link: coalesce, rate-limit, cap, detect floods, quarantine.
+//! - [`view`]: the published, versioned store consumers read, with history and fan-out.
 //! - [`cli`]: the command line and its commands.
 
 #![forbid(unsafe_code)]
 
+pub mod churn;
 pub mod cli;
+pub mod view;

@@ -1,0 +1,590 @@
+//! The churn engine of one link: upstream changes in, budgeted publications out. Pure logic: it
+//! is fed changes and `tokio::time::Instant`s and never touches the network or the wall clock.
+//!
+//! ```text
+//! ingest(change, now) -> Store (upstream cache) --groups touched--> coalesce (quiet/max)
+//!                           |                                            |
+//!                     FloodDetector --trigger--> quarantine::Machine     v
+//!                                                                 ready queue (round robin)
+//! poll(now) --------------------------------------------------> link bucket, service bucket
+//!                                                                        |
+//!                                      cap (sticky subset) + diff ---> View (published)
+//! ```
+//!
+//! The unit of coalescing, limiting and capping is a [`Group`]: a service with its slices,
+//! Endpoints, pods and ReplicaSets, or the Servers of a namespace. A group's publication is
+//! computed from the latest upstream state when its turn comes, so while it waits for tokens it
+//! keeps coalescing and nothing final is lost. The first complete sync is published at once,
+//! outside the budget: limits apply to changes, never to a consumer's first sync.
+//!
+//! The caller (the link task) calls [`Engine::ingest`] for every upstream change, then
+//! [`Engine::poll`] and sleeps until the instant it returns; it carries out
+//! [`Engine::take_effects`] (stop or restart upstream) and reports transitions.
+
+pub mod cap;
+pub mod flood;
+pub mod limit;
+pub mod object;
+pub mod quarantine;
+pub mod select;
+pub mod store;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use floodgate_link_crd::{LinkSpec, Phase};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use self::cap::EndpointKey;
+use self::flood::{FloodDetector, Trigger};
+use self::limit::{Budget, FedClock, Limiter};
+use self::object::{Group, Kind, NsName, ObjKey, Object, pod_replicasets};
+use self::quarantine::{Machine, RequestError, State, Transition};
+use self::store::Store;
+use crate::view::{Change as ViewChange, View};
+
+/// One upstream change, as the watchers report it.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// An object was created or updated (or listed during a relist).
+    Apply(Object),
+    /// An object was deleted.
+    Delete(ObjKey),
+    /// A relist of a kind begins: objects not listed before [`Change::InitDone`] are gone.
+    InitStart(Kind),
+    /// The relist of a kind is complete.
+    InitDone(Kind),
+}
+
+/// Something the caller must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Stop the upstream watches (quarantine); the engine has dropped its cache.
+    StopUpstream,
+    /// Start the upstream watches again, from a fresh list.
+    StartUpstream,
+    /// The quarantine state changed: log it, record an event, update status.
+    Transition(Transition),
+}
+
+/// Running totals of one link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counters {
+    /// Upstream changes received.
+    pub upstream_events: u64,
+    /// Changes that concerned a selected service.
+    pub relevant_events: u64,
+    /// Changes that concerned nothing the link serves.
+    pub irrelevant_events: u64,
+    /// Changes absorbed into a publication already pending.
+    pub coalesced: u64,
+    /// Publications made.
+    pub downstream_updates: u64,
+    /// Times a publication had to wait for a token.
+    pub throttled: u64,
+    /// Selected services published.
+    pub services: u64,
+    /// Services withheld by `caps.maxServices`.
+    pub services_withheld: u64,
+    /// Endpoints published, across services.
+    pub endpoints_published: u64,
+    /// Endpoints withheld by `caps.maxEndpointsPerService`.
+    pub endpoints_truncated: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Idle,
+    Pending { first: Instant, last: Instant },
+    Ready,
+    Parked,
+}
+
+#[derive(Debug)]
+struct GroupState {
+    slot: Slot,
+    bucket: Limiter<FedClock>,
+    objects: BTreeSet<ObjKey>,
+    endpoints: HashSet<EndpointKey>,
+    truncated: usize,
+}
+
+/// The engine of one link.
+#[derive(Debug)]
+pub struct Engine {
+    quiet: Duration,
+    max_delay: Duration,
+    max_endpoints: usize,
+    max_services: u64,
+    origin: Instant,
+    clock: FedClock,
+    budget: Budget<FedClock>,
+    store: Store,
+    view: View,
+    flood: FloodDetector,
+    machine: Machine,
+    groups: HashMap<Group, GroupState>,
+    due: BinaryHeap<Reverse<(Instant, Group)>>,
+    ready: VecDeque<Group>,
+    parked: BinaryHeap<Reverse<(Instant, Group)>>,
+    link_wait: Option<Instant>,
+    obj_refs: HashMap<ObjKey, u32>,
+    kinds: Vec<Kind>,
+    synced: HashSet<Kind>,
+    relisting: HashMap<Kind, HashSet<NsName>>,
+    synced_once: bool,
+    republish: bool,
+    effects: Vec<Effect>,
+    counters: Counters,
+}
+
+impl Engine {
+    /// An engine for a validated spec, following `kinds` upstream, publishing into `view`.
+    pub fn new(spec: &LinkSpec, kinds: &[Kind], view: View, now: Instant) -> Self {
+        let clock = FedClock::default();
+        Self {
+            quiet: spec.coalesce.quiet.get(),
+            max_delay: spec.coalesce.max.get(),
+            max_endpoints: spec.caps.max_endpoints_per_service as usize,
+            max_services: spec.caps.max_services.into(),
+            origin: now,
+            budget: Budget::new(
+                &spec.rate_limit.per_link,
+                &spec.rate_limit.per_service,
+                clock.clone(),
+            ),
+            clock,
+            store: Store::new(&spec.select.services),
+            view,
+            flood: FloodDetector::new(spec),
+            machine: Machine::new(
+                spec.quarantine.auto_release,
+                spec.quarantine.when.sustained_for.get(),
+            ),
+            groups: HashMap::new(),
+            due: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            parked: BinaryHeap::new(),
+            link_wait: None,
+            obj_refs: HashMap::new(),
+            kinds: kinds.to_vec(),
+            synced: HashSet::new(),
+            relisting: HashMap::new(),
+            synced_once: false,
+            republish: false,
+            effects: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The published view.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// Running totals.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Upstream objects held.
+    pub fn objects_held(&self) -> usize {
+        self.store.len()
+    }
+
+    /// Relevant upstream events in the last complete second.
+    pub fn events_last_second(&self) -> u64 {
+        self.flood.events_last_second()
+    }
+
+    /// The quarantine state.
+    pub fn state(&self) -> &State {
+        self.machine.state()
+    }
+
+    /// True once every kind has completed its first list and the view was published.
+    pub fn synced_once(&self) -> bool {
+        self.synced_once
+    }
+
+    /// Healthy, Throttled (publications wait for tokens) or Quarantined.
+    pub fn phase(&self) -> Phase {
+        if self.machine.is_frozen() {
+            Phase::Quarantined
+        } else if !self.ready.is_empty() || !self.parked.is_empty() {
+            Phase::Throttled
+        } else {
+            Phase::Healthy
+        }
+    }
+
+    /// What the caller must do, oldest first.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Takes one upstream change.
+    pub fn ingest(&mut self, change: Change, now: Instant) {
+        self.counters.upstream_events += 1;
+        if matches!(self.machine.state(), State::Quarantined(_)) {
+            // Upstream is being stopped: what is still in flight is dropped with the cache.
+            return;
+        }
+        match change {
+            Change::InitStart(kind) => {
+                self.relisting.insert(kind, HashSet::new());
+            }
+            Change::InitDone(kind) => {
+                let seen = self.relisting.remove(&kind).unwrap_or_default();
+                for id in self.store.keys(kind) {
+                    if !seen.contains(&id) {
+                        self.change(ObjKey { kind, id }, None, now, false);
+                    }
+                }
+                self.synced.insert(kind);
+            }
+            Change::Apply(obj) => {
+                let obj = obj.sanitized();
+                let key = obj.key();
+                // A relist is state, not churn: it does not count towards the event rate.
+                let listing = match self.relisting.get_mut(&key.kind) {
+                    Some(seen) => {
+                        seen.insert(key.id.clone());
+                        true
+                    }
+                    None => false,
+                };
+                self.change(key, Some(obj), now, !listing);
+            }
+            Change::Delete(key) => self.change(key, None, now, true),
+        }
+    }
+
+    fn change(&mut self, key: ObjKey, obj: Option<Object>, now: Instant, churn: bool) {
+        let touched = self.store.change(&key, obj);
+        if !touched.relevant {
+            self.counters.irrelevant_events += 1;
+            return;
+        }
+        self.counters.relevant_events += 1;
+        let mut trigger = if churn { self.flood.record(now) } else { None };
+        for g in touched.groups {
+            if let Group::Service(svc) = &g
+                && matches!(key.kind, Kind::EndpointSlice)
+            {
+                let n = self.store.endpoint_count(svc);
+                trigger = trigger.or_else(|| self.flood.check_endpoints(&svc.to_string(), n));
+            }
+            self.mark(g, now);
+        }
+        if let Some(t) = trigger.or_else(|| self.flood.check_objects(self.store.len())) {
+            self.trip(now, t);
+        }
+    }
+
+    fn mark(&mut self, g: Group, now: Instant) {
+        let budget = &self.budget;
+        let st = self.groups.entry(g.clone()).or_insert_with(|| GroupState {
+            slot: Slot::Idle,
+            bucket: budget.service_bucket(),
+            objects: BTreeSet::new(),
+            endpoints: HashSet::new(),
+            truncated: 0,
+        });
+        match &mut st.slot {
+            Slot::Idle => {
+                st.slot = Slot::Pending {
+                    first: now,
+                    last: now,
+                };
+                self.due.push(Reverse((now + self.quiet, g)));
+            }
+            Slot::Pending { last, .. } => {
+                *last = now;
+                self.counters.coalesced += 1;
+            }
+            Slot::Ready | Slot::Parked => self.counters.coalesced += 1,
+        }
+    }
+
+    fn trip(&mut self, now: Instant, trigger: Trigger) {
+        if let Some(t) = self.machine.trip(now, trigger, self.synced_once) {
+            self.transitioned(t);
+        }
+    }
+
+    fn transitioned(&mut self, t: Transition) {
+        match self.machine.state() {
+            State::Quarantined(_) => {
+                if t.from == "Active" || t.from == "Rechecking" {
+                    self.effects.push(Effect::StopUpstream);
+                }
+                self.store.clear();
+                self.synced.clear();
+                self.relisting.clear();
+                self.flood.reset();
+                self.due.clear();
+                self.ready.clear();
+                self.parked.clear();
+                for st in self.groups.values_mut() {
+                    st.slot = Slot::Idle;
+                }
+            }
+            State::Rechecking { .. } => self.effects.push(Effect::StartUpstream),
+            State::Active => {
+                if t.from == "Quarantined" {
+                    self.effects.push(Effect::StartUpstream);
+                }
+                self.republish = true;
+            }
+        }
+        self.effects.push(Effect::Transition(t));
+    }
+
+    /// An operator quarantines the link.
+    pub fn quarantine(&mut self, now: Instant, message: &str) -> Result<Transition, RequestError> {
+        let t =
+            self.machine
+                .quarantine_manually(now, Trigger::manual(message), self.synced_once)?;
+        self.transitioned(t.clone());
+        Ok(t)
+    }
+
+    /// An operator releases the link.
+    pub fn release(&mut self) -> Result<Transition, RequestError> {
+        let t = self.machine.release()?;
+        self.transitioned(t.clone());
+        Ok(t)
+    }
+
+    /// Moves time on: publishes what is due and affordable. Returns when to poll again.
+    pub fn poll(&mut self, now: Instant) -> Option<Instant> {
+        self.clock.set(now.saturating_duration_since(self.origin));
+        let all_synced = self.kinds.iter().all(|k| self.synced.contains(k));
+        if let Some(t) = self.machine.tick(now, all_synced) {
+            self.transitioned(t);
+        }
+        if matches!(
+            self.machine.state(),
+            State::Active | State::Rechecking { .. }
+        ) && let Some(trigger) = self.flood.tick(now)
+        {
+            self.trip(now, trigger);
+        }
+        let all_synced = self.kinds.iter().all(|k| self.synced.contains(k));
+        if self.machine.is_frozen() || !all_synced {
+            return earliest([self.machine.next_deadline(), self.flood.next_boundary()]);
+        }
+        if !self.synced_once {
+            // The first sync goes out at once and whole: consumers must sync fast.
+            self.synced_once = true;
+            self.republish = false;
+            for g in self.store.groups() {
+                self.publish(&g);
+            }
+        }
+        if self.republish {
+            // After a quarantine: converge to upstream through the budget.
+            self.republish = false;
+            let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
+            all.extend(
+                self.groups
+                    .iter()
+                    .filter(|(_, s)| !s.objects.is_empty())
+                    .map(|(g, _)| g.clone()),
+            );
+            for g in all {
+                self.mark(g, now);
+            }
+        }
+        self.promote(now);
+        self.publish_ready(now);
+        earliest([
+            self.due.peek().map(|Reverse((t, _))| *t),
+            self.parked.peek().map(|Reverse((t, _))| *t),
+            self.link_wait,
+            self.flood.next_boundary(),
+        ])
+    }
+
+    /// Pending groups whose window closed, and parked groups whose token is there, get in line.
+    fn promote(&mut self, now: Instant) {
+        while let Some(Reverse((t, _))) = self.due.peek() {
+            if *t > now {
+                break;
+            }
+            let Some(Reverse((_, g))) = self.due.pop() else {
+                break;
+            };
+            let Some(st) = self.groups.get_mut(&g) else {
+                continue;
+            };
+            if let Slot::Pending { first, last } = st.slot {
+                let at = (last + self.quiet).min(first + self.max_delay);
+                if at <= now {
+                    st.slot = Slot::Ready;
+                    self.ready.push_back(g);
+                } else {
+                    self.due.push(Reverse((at, g)));
+                }
+            }
+        }
+        while let Some(Reverse((t, _))) = self.parked.peek() {
+            if *t > now {
+                break;
+            }
+            let Some(Reverse((_, g))) = self.parked.pop() else {
+                break;
+            };
+            if let Some(st) = self.groups.get_mut(&g) {
+                st.slot = Slot::Ready;
+                self.ready.push_back(g);
+            }
+        }
+    }
+
+    /// Round robin over ready groups while the link has tokens. A link token taken for a group
+    /// whose own bucket is empty passes to the next group in the same instant, so no token is
+    /// spent on a publication that did not happen.
+    fn publish_ready(&mut self, now: Instant) {
+        self.link_wait = None;
+        let mut link_token = false;
+        while !self.ready.is_empty() {
+            if !link_token {
+                match self.budget.take_link() {
+                    Ok(()) => link_token = true,
+                    Err(wait) => {
+                        self.counters.throttled += 1;
+                        self.link_wait = Some(now + wait);
+                        break;
+                    }
+                }
+            }
+            let Some(g) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(st) = self.groups.get_mut(&g) else {
+                continue;
+            };
+            if let Err(wait) = self.budget.take_service(&st.bucket) {
+                self.counters.throttled += 1;
+                st.slot = Slot::Parked;
+                self.parked.push(Reverse((now + wait, g)));
+                continue;
+            }
+            link_token = false;
+            st.slot = Slot::Idle;
+            self.publish(&g);
+        }
+    }
+
+    /// Publishes a group's current state: what the cap keeps of it, diffed against what it
+    /// published before.
+    fn publish(&mut self, g: &Group) {
+        let budget = &self.budget;
+        let st = self.groups.entry(g.clone()).or_insert_with(|| GroupState {
+            slot: Slot::Idle,
+            bucket: budget.service_bucket(),
+            objects: BTreeSet::new(),
+            endpoints: HashSet::new(),
+            truncated: 0,
+        });
+        let was_published = !st.objects.is_empty();
+        let (desired, endpoints, truncated) = match g {
+            Group::Service(svc) => match self.store.service(svc) {
+                None => (Vec::new(), HashSet::new(), 0),
+                Some(_) if !was_published && self.counters.services >= self.max_services => {
+                    self.counters.services_withheld += 1;
+                    (Vec::new(), HashSet::new(), 0)
+                }
+                Some(service) => {
+                    desired_service(&self.store, service, svc, &st.endpoints, self.max_endpoints)
+                }
+            },
+            Group::Servers(ns) => (
+                self.store
+                    .servers_in(ns)
+                    .into_iter()
+                    .map(Object::Server)
+                    .collect(),
+                HashSet::new(),
+                0,
+            ),
+        };
+
+        let keys: BTreeSet<ObjKey> = desired.iter().map(Object::key).collect();
+        let mut changes: Vec<ViewChange> = Vec::with_capacity(desired.len());
+        for gone in st.objects.difference(&keys) {
+            let n = self.obj_refs.entry(gone.clone()).or_default();
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.obj_refs.remove(gone);
+                changes.push(ViewChange::Delete(gone.clone()));
+            }
+        }
+        for new in keys.difference(&st.objects) {
+            *self.obj_refs.entry(new.clone()).or_default() += 1;
+        }
+        changes.extend(desired.into_iter().map(ViewChange::Upsert));
+
+        let c = &mut self.counters;
+        if matches!(g, Group::Service(_)) {
+            c.services = c.services + u64::from(!keys.is_empty()) - u64::from(was_published);
+        }
+        c.endpoints_published =
+            c.endpoints_published + endpoints.len() as u64 - st.endpoints.len() as u64;
+        c.endpoints_truncated = c.endpoints_truncated + truncated as u64 - st.truncated as u64;
+        st.objects = keys;
+        st.endpoints = endpoints;
+        st.truncated = truncated;
+        if !self.view.apply(changes).is_empty() {
+            c.downstream_updates += 1;
+        }
+    }
+}
+
+/// A service's publication: the service, its capped slices and Endpoints, the pods the kept
+/// endpoints point at and those pods' ReplicaSets.
+fn desired_service(
+    store: &Store,
+    service: &std::sync::Arc<k8s_openapi::api::core::v1::Service>,
+    svc: &NsName,
+    previous: &HashSet<EndpointKey>,
+    max: usize,
+) -> (Vec<Object>, HashSet<EndpointKey>, usize) {
+    let slices = store.slices_of(svc);
+    let capped = cap::cap(&slices, store.endpoints_of(svc), previous, max);
+    let mut out = vec![Object::Service(service.clone())];
+    let mut pods: BTreeSet<NsName> = BTreeSet::new();
+    for s in &capped.slices {
+        pods.extend(object::slice_pods(s));
+        out.push(Object::EndpointSlice(s.clone()));
+    }
+    if let Some(ep) = &capped.endpoints {
+        pods.extend(object::endpoints_pods(ep));
+        out.push(Object::Endpoints(ep.clone()));
+    }
+    let mut replicasets = BTreeSet::new();
+    for id in &pods {
+        if let Some(p) = store.pod(id) {
+            replicasets.extend(pod_replicasets(p));
+            out.push(Object::Pod(p.clone()));
+        }
+    }
+    for id in &replicasets {
+        if let Some(rs) = store.replicaset(id) {
+            out.push(Object::ReplicaSet(rs.clone()));
+        }
+    }
+    (out, capped.published, capped.truncated)
+}
+
+fn earliest<const N: usize>(times: [Option<Instant>; N]) -> Option<Instant> {
+    times.into_iter().flatten().min()
+}
+
+#[cfg(test)]
+mod tests;

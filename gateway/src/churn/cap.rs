@@ -1,0 +1,232 @@
+//! The endpoint cap: at most `max` endpoints of a service are published, chosen so that the cap
+//! itself causes no churn.
+//!
+//! Order of preference: ready before not ready, already published before new, then by address.
+//! An endpoint that is published stays published while it is no worse than the candidates
+//! behind it, so endpoints flapping beyond the cap change nothing downstream.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+
+/// An endpoint's identity within a service: its addresses.
+pub type EndpointKey = String;
+
+/// What the cap kept of a service.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Capped {
+    /// The slices to publish (slices the cap emptied are left out).
+    pub slices: Vec<Arc<EndpointSlice>>,
+    /// The core/v1 Endpoints to publish, if the service has one.
+    pub endpoints: Option<Arc<Endpoints>>,
+    /// Keys of the endpoints published, across slices and Endpoints.
+    pub published: HashSet<EndpointKey>,
+    /// Upstream endpoints of the service (before the cap).
+    pub total: usize,
+    /// Endpoints withheld by the cap.
+    pub truncated: usize,
+}
+
+/// The key of a slice endpoint.
+pub fn slice_endpoint_key(e: &Endpoint) -> EndpointKey {
+    e.addresses.join(",")
+}
+
+fn is_ready(e: &Endpoint) -> bool {
+    e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
+}
+
+/// Picks at most `max` of `candidates` (key, ready), preferring ready, then those in `previous`,
+/// then the smallest key.
+pub fn choose<'a>(
+    candidates: impl IntoIterator<Item = (&'a str, bool)>,
+    previous: &HashSet<EndpointKey>,
+    max: usize,
+) -> HashSet<&'a str> {
+    let mut all: Vec<(bool, bool, &'a str)> = candidates
+        .into_iter()
+        .map(|(k, ready)| (!ready, !previous.contains(k), k))
+        .collect();
+    if all.len() > max {
+        all.select_nth_unstable(max);
+        all.truncate(max);
+    }
+    all.into_iter().map(|(_, _, k)| k).collect()
+}
+
+/// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous`.
+pub fn cap(
+    slices: &[Arc<EndpointSlice>],
+    endpoints: Option<&Arc<Endpoints>>,
+    previous: &HashSet<EndpointKey>,
+    max: usize,
+) -> Capped {
+    let mut out = Capped::default();
+
+    // Slices: the same address may appear in two slices (dual-stack uses one per family).
+    let keyed: Vec<(EndpointKey, bool)> = slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .map(|e| (slice_endpoint_key(e), is_ready(e)))
+        .collect();
+    out.total = keyed.len();
+    let chosen: HashSet<String> =
+        choose(keyed.iter().map(|(k, r)| (k.as_str(), *r)), previous, max)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+    out.truncated = out.total.saturating_sub(chosen.len());
+    for slice in slices {
+        let eps = slice.endpoints.as_deref().unwrap_or_default();
+        let kept: Vec<Endpoint> = eps
+            .iter()
+            .filter(|e| chosen.contains(&slice_endpoint_key(e)))
+            .cloned()
+            .collect();
+        if kept.len() == eps.len() {
+            out.slices.push(slice.clone());
+        } else if !kept.is_empty() {
+            let mut s = EndpointSlice::clone(slice);
+            s.endpoints = Some(kept);
+            out.slices.push(Arc::new(s));
+        }
+    }
+    out.published.extend(chosen);
+
+    // core/v1 Endpoints: the same rule over its addresses.
+    if let Some(ep) = endpoints {
+        let addrs: Vec<(String, bool)> = ep
+            .subsets
+            .iter()
+            .flatten()
+            .flat_map(|s| {
+                let ready = s.addresses.iter().flatten().map(|a| (a.ip.clone(), true));
+                let not_ready = s
+                    .not_ready_addresses
+                    .iter()
+                    .flatten()
+                    .map(|a| (a.ip.clone(), false));
+                ready.chain(not_ready)
+            })
+            .collect();
+        let chosen: HashSet<&str> =
+            choose(addrs.iter().map(|(k, r)| (k.as_str(), *r)), previous, max);
+        if slices.is_empty() {
+            // Without slices, the Endpoints object is the service's only count.
+            out.total = addrs.len();
+            out.truncated = addrs.len().saturating_sub(chosen.len());
+        }
+        if chosen.len() == addrs.len() {
+            out.endpoints = Some(ep.clone());
+        } else {
+            let keep = |v: &Option<Vec<EndpointAddress>>| -> Option<Vec<EndpointAddress>> {
+                let kept: Vec<_> = v
+                    .iter()
+                    .flatten()
+                    .filter(|a| chosen.contains(a.ip.as_str()))
+                    .cloned()
+                    .collect();
+                (!kept.is_empty()).then_some(kept)
+            };
+            let mut capped = Endpoints::clone(ep);
+            for subset in capped.subsets.iter_mut().flatten() {
+                subset.addresses = keep(&subset.addresses);
+                subset.not_ready_addresses = keep(&subset.not_ready_addresses);
+            }
+            out.endpoints = Some(Arc::new(capped));
+        }
+        out.published.extend(chosen.into_iter().map(str::to_owned));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::EndpointConditions;
+
+    fn mk_endpoint(ip: &str, ready: bool) -> Endpoint {
+        Endpoint {
+            addresses: vec![ip.to_owned()],
+            conditions: Some(EndpointConditions {
+                ready: Some(ready),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn mk_slice(name: &str, eps: &[(&str, bool)]) -> Arc<EndpointSlice> {
+        Arc::new(EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: Some(eps.iter().map(|(ip, r)| mk_endpoint(ip, *r)).collect()),
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ports: None,
+        })
+    }
+
+    fn ips(c: &Capped) -> Vec<String> {
+        let mut v: Vec<String> = c.published.iter().cloned().collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn under_the_cap_everything_passes_unchanged() {
+        let slices = [mk_slice("a", &[("10.0.0.1", true), ("10.0.0.2", false)])];
+        let c = cap(&slices, None, &HashSet::new(), 5);
+        assert!(
+            Arc::ptr_eq(&c.slices[0], &slices[0]),
+            "an uncapped slice is shared, not copied"
+        );
+        assert_eq!((c.total, c.truncated), (2, 0));
+    }
+
+    #[test]
+    fn ready_endpoints_win_then_address_order() {
+        let slices = [mk_slice(
+            "a",
+            &[("10.0.0.3", true), ("10.0.0.1", false), ("10.0.0.2", true)],
+        )];
+        let c = cap(&slices, None, &HashSet::new(), 2);
+        assert_eq!(ips(&c), ["10.0.0.2", "10.0.0.3"]);
+        assert_eq!((c.total, c.truncated), (3, 1));
+    }
+
+    #[test]
+    fn published_endpoints_stick_while_new_ones_churn() {
+        let prev: HashSet<String> = ["10.0.0.9".to_owned(), "10.0.0.8".to_owned()].into();
+        let slices = [mk_slice(
+            "a",
+            &[
+                ("10.0.0.1", true),
+                ("10.0.0.8", true),
+                ("10.0.0.9", true),
+                ("10.0.0.2", true),
+            ],
+        )];
+        let c = cap(&slices, None, &prev, 2);
+        assert_eq!(
+            ips(&c),
+            ["10.0.0.8", "10.0.0.9"],
+            "lower addresses do not displace published ones"
+        );
+    }
+
+    #[test]
+    fn a_slice_the_cap_empties_is_left_out() {
+        let slices = [
+            mk_slice("a", &[("10.0.0.1", true)]),
+            mk_slice("b", &[("10.0.0.5", false)]),
+        ];
+        let c = cap(&slices, None, &HashSet::new(), 1);
+        assert_eq!(c.slices.len(), 1);
+        assert_eq!(c.slices[0].metadata.name.as_deref(), Some("a"));
+    }
+}

@@ -1,0 +1,285 @@
+//! The objects that flow through a link, their keys, and the relations that tie them to a
+//! publication group (a service, or the Servers of a namespace).
+//!
+//! Objects arrive decoded (the upstream edge decodes JSON) and are shared behind `Arc`s: the
+//! upstream cache, the published view and every watcher refer to one allocation.
+
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+/// The label the EndpointSlice controller puts on a slice: the name of its service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The resources a link carries (the Linkerd consumer profile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Kind {
+    /// `v1` services.
+    Service,
+    /// `discovery.k8s.io/v1` endpointslices.
+    EndpointSlice,
+    /// `v1` endpoints.
+    Endpoints,
+    /// `v1` pods.
+    Pod,
+    /// `apps/v1` replicasets (metadata only).
+    ReplicaSet,
+    /// `policy.linkerd.io/v1beta3` servers.
+    Server,
+}
+
+impl Kind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [Kind; 6] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Endpoints,
+        Kind::Pod,
+        Kind::ReplicaSet,
+        Kind::Server,
+    ];
+
+    /// `kind` as the API names it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Endpoints => "Endpoints",
+            Kind::Pod => "Pod",
+            Kind::ReplicaSet => "ReplicaSet",
+            Kind::Server => "Server",
+        }
+    }
+
+    /// `apiVersion` as the API names it.
+    pub const fn api_version(self) -> &'static str {
+        match self {
+            Kind::Service | Kind::Endpoints | Kind::Pod => "v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::ReplicaSet => "apps/v1",
+            Kind::Server => "policy.linkerd.io/v1beta3",
+        }
+    }
+}
+
+/// A namespaced name. Cheap to clone: both parts are shared.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NsName {
+    /// The namespace.
+    pub namespace: Arc<str>,
+    /// The name.
+    pub name: Arc<str>,
+}
+
+impl NsName {
+    /// `namespace/name`.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of an object's metadata (an empty namespace for cluster-scoped ones).
+    pub fn of(meta: &ObjectMeta) -> Self {
+        Self::new(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+}
+
+impl fmt::Debug for NsName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl fmt::Display for NsName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An object's identity in a link.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjKey {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its namespace and name.
+    pub id: NsName,
+}
+
+/// A Linkerd `Server` (policy.linkerd.io/v1beta3): carried through as it is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Server {
+    /// The object's metadata.
+    pub metadata: ObjectMeta,
+    /// The spec, uninterpreted.
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+/// A decoded object of one of the link's kinds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A service.
+    Service(Arc<Service>),
+    /// An EndpointSlice.
+    EndpointSlice(Arc<EndpointSlice>),
+    /// A core/v1 Endpoints.
+    Endpoints(Arc<Endpoints>),
+    /// A pod.
+    Pod(Arc<Pod>),
+    /// A ReplicaSet's metadata.
+    ReplicaSet(Arc<ObjectMeta>),
+    /// A Linkerd Server.
+    Server(Arc<Server>),
+}
+
+impl Object {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::Endpoints(_) => Kind::Endpoints,
+            Object::Pod(_) => Kind::Pod,
+            Object::ReplicaSet(_) => Kind::ReplicaSet,
+            Object::Server(_) => Kind::Server,
+        }
+    }
+
+    /// Its metadata.
+    pub fn meta(&self) -> &ObjectMeta {
+        match self {
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
+            Object::Endpoints(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+            Object::ReplicaSet(m) => m,
+            Object::Server(o) => &o.metadata,
+        }
+    }
+
+    /// Its key.
+    pub fn key(&self) -> ObjKey {
+        ObjKey {
+            kind: self.kind(),
+            id: NsName::of(self.meta()),
+        }
+    }
+
+    /// The same object as served downstream: no upstream resourceVersion (Floodgate issues its
+    /// own) and no managedFields. Content comparisons between two upstream states use this form,
+    /// so a relist that changes nothing publishes nothing.
+    pub fn sanitized(&self) -> Object {
+        fn clean(meta: &mut ObjectMeta) {
+            meta.resource_version = None;
+            meta.managed_fields = None;
+        }
+        let mut o = self.clone();
+        match &mut o {
+            Object::Service(x) => clean(&mut Arc::make_mut(x).metadata),
+            Object::EndpointSlice(x) => clean(&mut Arc::make_mut(x).metadata),
+            Object::Endpoints(x) => clean(&mut Arc::make_mut(x).metadata),
+            Object::Pod(x) => clean(&mut Arc::make_mut(x).metadata),
+            Object::ReplicaSet(x) => clean(Arc::make_mut(x)),
+            Object::Server(x) => clean(&mut Arc::make_mut(x).metadata),
+        }
+        o
+    }
+
+    /// The JSON a Kubernetes client expects, with `kind`, `apiVersion` and the given
+    /// resourceVersion.
+    pub fn to_json(&self, resource_version: &str) -> serde_json::Value {
+        let mut v = match self {
+            Object::Service(o) => serde_json::to_value(o.as_ref()),
+            Object::EndpointSlice(o) => serde_json::to_value(o.as_ref()),
+            Object::Endpoints(o) => serde_json::to_value(o.as_ref()),
+            Object::Pod(o) => serde_json::to_value(o.as_ref()),
+            Object::ReplicaSet(m) => {
+                serde_json::to_value(m.as_ref()).map(|m| serde_json::json!({ "metadata": m }))
+            }
+            Object::Server(o) => serde_json::to_value(o.as_ref()),
+        }
+        .unwrap_or_default();
+        if let Some(map) = v.as_object_mut() {
+            let kind = self.kind();
+            map.insert("kind".into(), kind.name().into());
+            map.insert("apiVersion".into(), kind.api_version().into());
+            if let Some(meta) = map.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                meta.insert("resourceVersion".into(), resource_version.into());
+            }
+        }
+        v
+    }
+}
+
+/// The group a publication belongs to: what coalescing, rate limits and caps count in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    /// A service with its slices, endpoints, pods and their ReplicaSets.
+    Service(NsName),
+    /// The Servers of a namespace that holds a selected service.
+    Servers(Arc<str>),
+}
+
+/// The service an EndpointSlice belongs to, from its `kubernetes.io/service-name` label.
+pub fn slice_service(slice: &EndpointSlice) -> Option<NsName> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some(NsName::new(
+        slice.metadata.namespace.as_deref().unwrap_or_default(),
+        name,
+    ))
+}
+
+/// The pods an EndpointSlice's endpoints point at.
+pub fn slice_pods(slice: &EndpointSlice) -> impl Iterator<Item = NsName> + '_ {
+    slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(|e| pod_ref(e.target_ref.as_ref()?, &slice.metadata))
+}
+
+/// The pods a core/v1 Endpoints' addresses point at.
+pub fn endpoints_pods(ep: &Endpoints) -> impl Iterator<Item = NsName> + '_ {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| {
+            s.addresses
+                .iter()
+                .flatten()
+                .chain(s.not_ready_addresses.iter().flatten())
+        })
+        .filter_map(|a| pod_ref(a.target_ref.as_ref()?, &ep.metadata))
+}
+
+fn pod_ref(r: &k8s_openapi::api::core::v1::ObjectReference, owner: &ObjectMeta) -> Option<NsName> {
+    if r.kind.as_deref() != Some("Pod") {
+        return None;
+    }
+    let ns = r
+        .namespace
+        .as_deref()
+        .or(owner.namespace.as_deref())
+        .unwrap_or_default();
+    Some(NsName::new(ns, r.name.as_deref()?))
+}
+
+/// The ReplicaSets that own a pod.
+pub fn pod_replicasets(pod: &Pod) -> impl Iterator<Item = NsName> + '_ {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.kind == "ReplicaSet")
+        .map(move |o| NsName::new(ns, &o.name))
+}

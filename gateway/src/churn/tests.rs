@@ -1,0 +1,620 @@
+//! The engine's behaviour, in paused time.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate_link_crd::{AutoRelease, KubeDuration, LinkSpec, Phase, RemoteSpec};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::time::{self, Instant};
+
+use super::object::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
+use super::quarantine::{RequestError, State};
+use super::{Change, Effect, Engine};
+use crate::view::{Event, View};
+
+pub(crate) fn mk_spec() -> LinkSpec {
+    LinkSpec::with_remote(RemoteSpec {
+        kubeconfig_path: Some("/k".into()),
+        ..RemoteSpec::default()
+    })
+}
+
+fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("ns".into()),
+        labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        resource_version: Some("123".into()),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn mk_service(name: &str, exported: bool) -> Object {
+    let labels: &[(&str, &str)] = if exported {
+        &[("mirror.linkerd.io/exported", "true")]
+    } else {
+        &[]
+    };
+    Object::Service(Arc::new(Service {
+        metadata: meta(name, labels),
+        ..Default::default()
+    }))
+}
+
+/// A slice of `svc` whose endpoints are 10.<n>.x.y with ready flags; each points at pod `<svc>-<i>`.
+pub(crate) fn mk_slice(svc: &str, name: &str, eps: &[(u32, bool)]) -> Object {
+    Object::EndpointSlice(Arc::new(EndpointSlice {
+        address_type: "IPv4".into(),
+        metadata: meta(name, &[(SERVICE_NAME_LABEL, svc)]),
+        endpoints: Some(
+            eps.iter()
+                .map(|(i, ready)| Endpoint {
+                    addresses: vec![format!("10.0.{}.{}", i / 256, i % 256)],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(*ready),
+                        ..Default::default()
+                    }),
+                    target_ref: Some(ObjectReference {
+                        kind: Some("Pod".into()),
+                        name: Some(format!("{svc}-{i}")),
+                        namespace: Some("ns".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ports: None,
+    }))
+}
+
+pub(crate) fn mk_pod(name: &str, phase: &str) -> Object {
+    Object::Pod(Arc::new(Pod {
+        metadata: meta(name, &[]),
+        status: Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }))
+}
+
+const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
+
+/// An engine whose first sync delivered `objects`.
+fn synced(spec: &LinkSpec, objects: Vec<Object>) -> Engine {
+    let now = Instant::now();
+    let mut e = Engine::new(spec, &KINDS, View::new(1, 100_000), now);
+    relist(&mut e, objects);
+    e.poll(now);
+    e
+}
+
+fn relist(e: &mut Engine, objects: Vec<Object>) {
+    let now = Instant::now();
+    for k in KINDS {
+        e.ingest(Change::InitStart(k), now);
+    }
+    for o in objects {
+        e.ingest(Change::Apply(o), now);
+    }
+    for k in KINDS {
+        e.ingest(Change::InitDone(k), now);
+    }
+}
+
+/// Advances paused time in `step`s up to `total`, polling on the way, and returns the view's
+/// events with the instant each was published.
+async fn run(e: &mut Engine, total: Duration, step: Duration) -> Vec<(Instant, Event)> {
+    let mut rx = e.view().list_and_watch(Kind::Service).1;
+    let mut out = Vec::new();
+    let end = Instant::now() + total;
+    while Instant::now() < end {
+        time::advance(step).await;
+        e.poll(Instant::now());
+        while let Ok(ev) = rx.try_recv() {
+            out.push((Instant::now(), ev));
+        }
+    }
+    out
+}
+
+fn apply(e: &mut Engine, o: Object) {
+    e.ingest(Change::Apply(o), Instant::now());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_sync_is_published_at_once_and_whole() {
+    let mut spec = mk_spec();
+    spec.rate_limit.per_link.updates_per_second = 1;
+    spec.rate_limit.per_link.burst = 1;
+    spec.rate_limit.per_service = spec.rate_limit.per_link;
+    let objects: Vec<Object> = (0..200)
+        .map(|i| mk_service(&format!("s{i}"), true))
+        .collect();
+    let e = synced(&spec, objects);
+    assert!(e.synced_once());
+    assert_eq!(
+        e.view().len(Kind::Service),
+        200,
+        "a budget of 1/s does not slow the first sync"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&e.view().list(Kind::Service).items[0].json).expect("json");
+    assert_ne!(
+        json["metadata"]["resourceVersion"], "123",
+        "upstream versions are replaced"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_published_before_every_kind_has_synced() {
+    let now = Instant::now();
+    let mut e = Engine::new(&mk_spec(), &KINDS, View::new(1, 100), now);
+    e.ingest(Change::InitStart(Kind::Service), now);
+    e.ingest(Change::Apply(mk_service("a", true)), now);
+    e.ingest(Change::InitDone(Kind::Service), now);
+    e.poll(now);
+    assert!(e.view().is_empty());
+    assert!(!e.synced_once());
+}
+
+/// Debounce: one change goes out after `quiet`; a change every 50 ms goes out after `max`.
+#[tokio::test(start_paused = true)]
+async fn changes_wait_for_quiet_but_never_longer_than_max() {
+    let mut e = synced(
+        &mk_spec(),
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
+    );
+    let t0 = Instant::now();
+    apply(&mut e, mk_slice("a", "a-1", &[(1, false)]));
+    let mut rx = e.view().list_and_watch(Kind::EndpointSlice).1;
+    time::advance(Duration::from_millis(99)).await;
+    e.poll(Instant::now());
+    assert!(rx.try_recv().is_err(), "still inside the quiet window");
+    time::advance(Duration::from_millis(1)).await;
+    e.poll(Instant::now());
+    assert!(rx.try_recv().is_ok(), "published once quiet for 100ms");
+    assert_eq!(Instant::now() - t0, Duration::from_millis(100));
+
+    let t1 = Instant::now();
+    let mut published_at = None;
+    for i in 0..60u32 {
+        apply(&mut e, mk_slice("a", "a-1", &[(10 + i, true)]));
+        time::advance(Duration::from_millis(50)).await;
+        e.poll(Instant::now());
+        if published_at.is_none() && rx.try_recv().is_ok() {
+            published_at = Some(Instant::now());
+        }
+    }
+    assert_eq!(
+        published_at.map(|t| t - t1),
+        Some(Duration::from_secs(2)),
+        "max delay bounds the wait"
+    );
+}
+
+/// Guarantee 1: over any window, publications stay within the GCRA bounds of both buckets.
+#[tokio::test(start_paused = true)]
+async fn neither_budget_is_exceeded_over_any_window() {
+    let mut spec = mk_spec();
+    spec.coalesce.quiet = KubeDuration::from_millis(1);
+    spec.coalesce.max = KubeDuration::from_millis(1);
+    let services: Vec<String> = (0..40).map(|i| format!("s{i}")).collect();
+    let mut objects: Vec<Object> = services.iter().map(|s| mk_service(s, true)).collect();
+    objects.extend(
+        services
+            .iter()
+            .map(|s| mk_slice(s, &format!("{s}-1"), &[(1, true)])),
+    );
+    let mut e = synced(&spec, objects);
+    let mut rx = e.view().list_and_watch(Kind::EndpointSlice).1;
+    let mut times: Vec<(Instant, String)> = Vec::new();
+    for round in 0..300u32 {
+        for s in &services {
+            apply(&mut e, mk_slice(s, &format!("{s}-1"), &[(round, true)]));
+        }
+        time::advance(Duration::from_millis(10)).await;
+        e.poll(Instant::now());
+        while let Ok(ev) = rx.try_recv() {
+            let name = ev.object.object.meta().name.clone().unwrap_or_default();
+            times.push((Instant::now(), name));
+        }
+    }
+    assert!(
+        times.len() > 100,
+        "the flood does get published: {}",
+        times.len()
+    );
+    let check = |times: &[Instant], rate: f64, burst: usize, what: &str| {
+        for (i, start) in times.iter().enumerate() {
+            for window_ms in [10u64, 100, 1000, 3000] {
+                let end = *start + Duration::from_millis(window_ms);
+                let n = times[i..].iter().take_while(|t| **t < end).count();
+                let bound = burst + (rate * window_ms as f64 / 1000.0).ceil() as usize;
+                assert!(
+                    n <= bound,
+                    "{what}: {n} publications in {window_ms}ms > {bound}"
+                );
+            }
+        }
+    };
+    let all: Vec<Instant> = times.iter().map(|(t, _)| *t).collect();
+    check(&all, 50.0, 100, "link");
+    let one: Vec<Instant> = times
+        .iter()
+        .filter(|(_, n)| n == "s0-1")
+        .map(|(t, _)| *t)
+        .collect();
+    check(&one, 5.0, 10, "service s0");
+    assert_eq!(e.phase(), Phase::Throttled);
+}
+
+/// Fairness: while one service floods, a calm service's change goes out within its window.
+#[tokio::test(start_paused = true)]
+async fn a_hot_service_does_not_starve_a_calm_one() {
+    let mut objects = vec![mk_service("hot", true), mk_service("calm", true)];
+    objects.push(mk_slice("hot", "hot-1", &[(1, true)]));
+    objects.push(mk_slice("calm", "calm-1", &[(2, true)]));
+    let mut e = synced(&mk_spec(), objects);
+    let mut rx = e.view().list_and_watch(Kind::EndpointSlice).1;
+    let mut calm_seen = None;
+    let mut changed_at = None;
+    for tick in 0..400u32 {
+        for i in 0..20 {
+            apply(
+                &mut e,
+                mk_slice("hot", "hot-1", &[(1, (tick + i).is_multiple_of(2))]),
+            );
+        }
+        if tick == 200 {
+            apply(&mut e, mk_slice("calm", "calm-1", &[(2, false)]));
+            changed_at = Some(Instant::now());
+        }
+        time::advance(Duration::from_millis(10)).await;
+        e.poll(Instant::now());
+        while let Ok(ev) = rx.try_recv() {
+            if ev.object.object.meta().name.as_deref() == Some("calm-1") && calm_seen.is_none() {
+                calm_seen = Some(Instant::now());
+            }
+        }
+    }
+    let lag = calm_seen
+        .zip(changed_at)
+        .map(|(s, c)| s - c)
+        .expect("calm change published");
+    assert!(
+        lag <= Duration::from_millis(200),
+        "calm change waited {lag:?}"
+    );
+}
+
+/// Cap stickiness: churn among endpoints beyond the cap changes nothing downstream.
+#[tokio::test(start_paused = true)]
+async fn churn_beyond_the_cap_publishes_nothing() {
+    let mut spec = mk_spec();
+    spec.caps.max_endpoints_per_service = 3;
+    let eps: Vec<(u32, bool)> = (0..10).map(|i| (i, i < 3)).collect();
+    let mut e = synced(
+        &spec,
+        vec![mk_service("a", true), mk_slice("a", "a-1", &eps)],
+    );
+    assert_eq!(e.counters().endpoints_published, 3);
+    assert_eq!(e.counters().endpoints_truncated, 7);
+    let rv = e.view().resource_version();
+    for round in 0..20u32 {
+        // Not-ready endpoints 3..10 flap between two not-ready states (serving toggles).
+        let eps: Vec<(u32, bool)> = (0..10).map(|i| (i, i < 3)).collect();
+        let mut slice = mk_slice("a", "a-1", &eps);
+        if let Object::EndpointSlice(s) = &mut slice {
+            let s = Arc::make_mut(s);
+            for ep in s.endpoints.iter_mut().flatten().skip(3) {
+                ep.conditions.get_or_insert_default().serving = Some(round.is_multiple_of(2));
+            }
+        }
+        apply(&mut e, slice);
+        time::advance(Duration::from_millis(150)).await;
+        e.poll(Instant::now());
+    }
+    assert_eq!(
+        e.view().resource_version(),
+        rv,
+        "withheld endpoints churned; consumers saw nothing"
+    );
+}
+
+/// A flood of pods behind an unselected service reaches nobody and is not stored.
+#[tokio::test(start_paused = true)]
+async fn pods_of_unselected_services_are_neither_stored_nor_published() {
+    let mut e = synced(
+        &mk_spec(),
+        vec![mk_service("web", true), mk_service("bad", false)],
+    );
+    let held = e.objects_held();
+    for i in 0..5000 {
+        apply(&mut e, mk_pod(&format!("bad-{i}"), "CrashLoopBackOff"));
+    }
+    apply(&mut e, mk_slice("bad", "bad-1", &[(1, false), (2, false)]));
+    let events = run(&mut e, Duration::from_secs(2), Duration::from_millis(100)).await;
+    assert!(events.is_empty());
+    assert_eq!(e.view().len(Kind::Pod), 0);
+    assert_eq!(e.objects_held(), held + 1, "only the slice is kept, no pod");
+    // 5000 pods, the slice, and the unselected service listed at sync.
+    assert_eq!(e.counters().irrelevant_events, 5002);
+}
+
+/// Pods pointed at by published endpoints are served with the slice.
+#[tokio::test(start_paused = true)]
+async fn pods_behind_published_endpoints_are_served() {
+    let mut e = synced(
+        &mk_spec(),
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-1", &[(1, true)]),
+        ],
+    );
+    apply(&mut e, mk_pod("web-1", "Running"));
+    apply(&mut e, mk_pod("other", "Running"));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert!(
+        e.view()
+            .get(&ObjKey {
+                kind: Kind::Pod,
+                id: NsName::new("ns", "web-1")
+            })
+            .is_some()
+    );
+    assert!(
+        e.view()
+            .get(&ObjKey {
+                kind: Kind::Pod,
+                id: NsName::new("ns", "other")
+            })
+            .is_none()
+    );
+}
+
+/// A relist that changes nothing publishes nothing (no spurious DELETE/ADD).
+#[tokio::test(start_paused = true)]
+async fn a_relist_without_changes_publishes_nothing() {
+    let objects = vec![
+        mk_service("a", true),
+        mk_slice("a", "a-1", &[(1, true)]),
+        mk_service("b", true),
+    ];
+    let mut e = synced(&mk_spec(), objects.clone());
+    let rv = e.view().resource_version();
+    relist(&mut e, objects);
+    run(&mut e, Duration::from_secs(3), Duration::from_millis(100)).await;
+    assert_eq!(e.view().resource_version(), rv);
+    // An object missing from a relist is deleted.
+    relist(
+        &mut e,
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
+    );
+    run(&mut e, Duration::from_secs(3), Duration::from_millis(100)).await;
+    assert_eq!(e.view().len(Kind::Service), 1);
+}
+
+fn flood_spec() -> LinkSpec {
+    let mut spec = mk_spec();
+    spec.quarantine.when.events_per_second = 100;
+    spec.quarantine.when.sustained_for = KubeDuration::from_secs(3);
+    spec
+}
+
+/// Sustained churn quarantines the link: the view freezes, upstream stops, memory is dropped.
+#[tokio::test(start_paused = true)]
+async fn sustained_churn_quarantines_and_freezes_the_view() {
+    let mut e = synced(
+        &flood_spec(),
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
+    );
+    let mut quarantined_at = None;
+    for tick in 0..100u32 {
+        for i in 0..30u32 {
+            apply(
+                &mut e,
+                mk_slice("a", "a-1", &[(1, true), (2 + i, tick.is_multiple_of(2))]),
+            );
+        }
+        time::advance(Duration::from_millis(100)).await;
+        e.poll(Instant::now());
+        if quarantined_at.is_none() && e.phase() == Phase::Quarantined {
+            quarantined_at = Some(tick);
+        }
+    }
+    // 300 events/s against 100/s for 3 s.
+    let tick = quarantined_at.expect("quarantined");
+    assert!((28..=32).contains(&tick), "quarantined at tick {tick}");
+    let effects = e.take_effects();
+    assert!(effects.contains(&Effect::StopUpstream));
+    assert!(
+        effects
+            .iter()
+            .any(|f| matches!(f, Effect::Transition(t) if t.reason == "EventRate"))
+    );
+    assert_eq!(e.objects_held(), 0, "the upstream cache is dropped");
+    assert_eq!(
+        e.view().len(Kind::Service),
+        1,
+        "consumers keep the last good view"
+    );
+    let rv = e.view().resource_version();
+    apply(&mut e, mk_slice("a", "a-1", &[]));
+    run(&mut e, Duration::from_secs(5), Duration::from_millis(100)).await;
+    assert_eq!(e.view().resource_version(), rv, "frozen");
+}
+
+/// Release: upstream restarts, and once it has relisted the view converges to it.
+#[tokio::test(start_paused = true)]
+async fn release_restarts_upstream_and_converges() {
+    let mut e = synced(
+        &mk_spec(),
+        vec![mk_service("a", true), mk_service("b", true)],
+    );
+    assert_eq!(e.release().err(), Some(RequestError::NotQuarantined));
+    e.quarantine(Instant::now(), "maintenance")
+        .expect("quarantine");
+    assert_eq!(
+        e.quarantine(Instant::now(), "again").err(),
+        Some(RequestError::AlreadyQuarantined)
+    );
+    assert!(e.take_effects().contains(&Effect::StopUpstream));
+    e.release().expect("release");
+    assert!(e.take_effects().contains(&Effect::StartUpstream));
+    relist(&mut e, vec![mk_service("a", true), mk_service("c", true)]);
+    run(&mut e, Duration::from_secs(2), Duration::from_millis(50)).await;
+    let names: Vec<String> = e
+        .view()
+        .list(Kind::Service)
+        .items
+        .iter()
+        .filter_map(|s| s.object.meta().name.clone())
+        .collect();
+    assert_eq!(names, ["a", "c"]);
+    assert_eq!(e.phase(), Phase::Healthy);
+}
+
+/// Auto-release re-checks after the cool-down, doubles it while the flood persists, and
+/// releases once a re-check passes.
+#[tokio::test(start_paused = true)]
+async fn auto_release_backs_off_while_the_flood_persists() {
+    let mut spec = flood_spec();
+    spec.quarantine.auto_release = Some(AutoRelease {
+        after: KubeDuration::from_secs(10),
+        max_after: KubeDuration::from_secs(15),
+    });
+    let mut e = synced(
+        &spec,
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
+    );
+    e.quarantine(Instant::now(), "x").expect("manual");
+    e.release().expect("manual release");
+    relist(
+        &mut e,
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
+    );
+    e.poll(Instant::now());
+    // Flood until quarantined.
+    let flood = |e: &mut Engine, round: u32| {
+        for i in 0..30u32 {
+            apply(
+                e,
+                mk_slice("a", "a-1", &[(1, true), (2 + i, round.is_multiple_of(2))]),
+            );
+        }
+    };
+    let mut round = 0;
+    while e.phase() != Phase::Quarantined {
+        flood(&mut e, round);
+        round += 1;
+        time::advance(Duration::from_millis(100)).await;
+        e.poll(Instant::now());
+    }
+    let q0 = Instant::now();
+    e.take_effects();
+    // Cool-down of 10 s, then a re-check that sees the flood again.
+    time::advance(Duration::from_secs(10)).await;
+    e.poll(Instant::now());
+    assert!(matches!(e.state(), State::Rechecking { .. }));
+    assert!(e.take_effects().contains(&Effect::StartUpstream));
+    relist(
+        &mut e,
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
+    );
+    while matches!(e.state(), State::Rechecking { .. }) {
+        flood(&mut e, round);
+        round += 1;
+        time::advance(Duration::from_millis(100)).await;
+        e.poll(Instant::now());
+    }
+    let State::Quarantined(q) = e.state() else {
+        panic!("back in quarantine")
+    };
+    assert_eq!(
+        q.cooldown,
+        Some(Duration::from_secs(15)),
+        "doubled, capped at maxAfter"
+    );
+    assert!(Instant::now() - q0 < Duration::from_secs(15));
+    // The next re-check sees calm and releases.
+    time::advance(Duration::from_secs(15)).await;
+    e.poll(Instant::now());
+    relist(
+        &mut e,
+        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, false)])],
+    );
+    run(&mut e, Duration::from_secs(8), Duration::from_millis(100)).await;
+    assert_eq!(e.phase(), Phase::Healthy);
+    let slice = e
+        .view()
+        .get(&ObjKey {
+            kind: Kind::EndpointSlice,
+            id: NsName::new("ns", "a-1"),
+        })
+        .expect("slice");
+    let Object::EndpointSlice(s) = &slice.object else {
+        panic!()
+    };
+    assert_eq!(
+        s.endpoints.as_ref().map(Vec::len),
+        Some(1),
+        "converged to the calm upstream state"
+    );
+}
+
+/// A flood before the first complete sync quarantines with an empty view, and says so.
+#[tokio::test(start_paused = true)]
+async fn a_flood_before_the_first_sync_quarantines_an_empty_view() {
+    let mut spec = mk_spec();
+    spec.caps.max_objects = 50;
+    spec.caps.max_services = 50;
+    let now = Instant::now();
+    let mut e = Engine::new(&spec, &KINDS, View::new(1, 100), now);
+    e.ingest(Change::InitStart(Kind::Service), now);
+    for i in 0..60 {
+        e.ingest(Change::Apply(mk_service(&format!("s{i}"), true)), now);
+    }
+    e.poll(now);
+    let State::Quarantined(q) = e.state() else {
+        panic!("quarantined")
+    };
+    assert!(q.before_first_sync);
+    assert_eq!(q.trigger.figures.get("objects"), Some(&51));
+    assert!(e.view().is_empty());
+    let effects = e.take_effects();
+    assert!(
+        effects
+            .iter()
+            .any(|f| matches!(f, Effect::Transition(t) if t.message.contains("empty view")))
+    );
+}
+
+/// Too many endpoints behind one service quarantines the link at once.
+#[tokio::test(start_paused = true)]
+async fn endpoints_over_the_threshold_quarantine() {
+    let mut spec = mk_spec();
+    spec.quarantine.when.endpoints_per_service = 1000;
+    let mut e = synced(&spec, vec![mk_service("a", true)]);
+    for s in 0..11u32 {
+        let eps: Vec<(u32, bool)> = (s * 100..(s + 1) * 100).map(|i| (i, false)).collect();
+        apply(&mut e, mk_slice("a", &format!("a-{s}"), &eps));
+    }
+    let State::Quarantined(q) = e.state() else {
+        panic!("quarantined")
+    };
+    assert_eq!(
+        q.trigger.figures.get("endpoints"),
+        Some(&1100),
+        "tripped by the 11th slice"
+    );
+}

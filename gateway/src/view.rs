@@ -1,0 +1,382 @@
+//! The published view of one link: what consumers see.
+//!
+//! The churn engine writes publications ([`View::apply`]); the facade and gRPC read snapshots
+//! and follow changes. Each object is stored with Floodgate's own resource version and its JSON
+//! encoded once, at publish time, so a LIST or a fan-out to many watchers writes bytes that
+//! already exist. A bounded history of changes lets a watcher resume from a version it saw; a
+//! broadcast channel fans changes out, with a bounded backlog per receiver.
+//!
+//! Resource versions are `incarnation << 40 | counter`: monotonic within one run, never 0, and
+//! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tokio::sync::broadcast;
+
+use crate::churn::object::{Kind, NsName, ObjKey, Object};
+
+const COUNTER_BITS: u32 = 40;
+const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
+
+/// Changes a receiver may fall behind before it is told it lagged (and the facade closes its
+/// stream so the client resumes or relists). 4096 events is several seconds of a link's full
+/// default budget (50 publications/s of a few objects each) while costing a few pointers each.
+pub const FANOUT_BACKLOG: usize = 4096;
+
+/// Changes kept for resumption. At the default budget this is minutes of history.
+pub const DEFAULT_HISTORY: usize = 10_000;
+
+/// One stored object.
+#[derive(Debug)]
+pub struct Stored {
+    /// Floodgate's resource version of this state.
+    pub resource_version: u64,
+    /// The object, as served.
+    pub object: Object,
+    /// Its JSON, with `kind`, `apiVersion` and `metadata.resourceVersion`.
+    pub json: Vec<u8>,
+}
+
+impl Stored {
+    fn new(object: Object, resource_version: u64) -> Self {
+        let json =
+            serde_json::to_vec(&object.to_json(&resource_version.to_string())).unwrap_or_default();
+        Self {
+            resource_version,
+            object,
+            json,
+        }
+    }
+}
+
+/// What happened to an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    /// It appeared.
+    Added,
+    /// It changed.
+    Modified,
+    /// It went away; the event carries its last state.
+    Deleted,
+}
+
+/// One change, as watchers receive it.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// The version of the change (for a deletion, a new version carried by the last state).
+    pub resource_version: u64,
+    /// The change.
+    pub kind: EventType,
+    /// The object after the change (before it, for a deletion).
+    pub object: Arc<Stored>,
+}
+
+/// A change a publication makes.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Create or replace.
+    Upsert(Object),
+    /// Remove.
+    Delete(ObjKey),
+}
+
+/// Why a watch cannot resume from a version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    /// Older than the retained history, or from another incarnation: relist (HTTP 410).
+    #[error("too old resource version")]
+    Expired,
+    /// Newer than anything this incarnation issued (HTTP 504 ResourceVersionTooLarge).
+    #[error("resource version is ahead of this server")]
+    TooLarge,
+}
+
+/// A consistent snapshot of one kind.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The view's version when it was taken.
+    pub resource_version: u64,
+    /// The objects, by namespace and name.
+    pub items: Vec<Arc<Stored>>,
+}
+
+#[derive(Debug)]
+struct State {
+    base: u64,
+    counter: u64,
+    objects: HashMap<Kind, BTreeMap<NsName, Arc<Stored>>>,
+    history: VecDeque<Event>,
+    history_cap: usize,
+}
+
+/// The view of one link. Clones share it.
+#[derive(Clone, Debug)]
+pub struct View {
+    state: Arc<RwLock<State>>,
+    tx: broadcast::Sender<Event>,
+}
+
+impl View {
+    /// An empty view for one incarnation (a number that differs between runs and replicas; the
+    /// low 23 bits are used).
+    pub fn new(incarnation: u32, history_cap: usize) -> Self {
+        let (tx, _) = broadcast::channel(FANOUT_BACKLOG);
+        let base = u64::from(incarnation & 0x7f_ffff).max(1) << COUNTER_BITS;
+        Self {
+            state: Arc::new(RwLock::new(State {
+                base,
+                counter: 0,
+                objects: HashMap::new(),
+                history: VecDeque::new(),
+                history_cap: history_cap.max(1),
+            })),
+            tx,
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data behind (every write below is
+        // completed before the guard drops), so a poisoned lock is still usable.
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The latest version issued (the base version while empty: never 0).
+    pub fn resource_version(&self) -> u64 {
+        let s = self.read();
+        s.base | s.counter
+    }
+
+    /// Applies one publication. Changes that change nothing are skipped. Returns the events.
+    pub fn apply(&self, changes: impl IntoIterator<Item = Change>) -> Vec<Event> {
+        let mut s = self.write();
+        let mut events = Vec::new();
+        for change in changes {
+            let (key, new) = match change {
+                Change::Upsert(o) => (o.key(), Some(o)),
+                Change::Delete(k) => (k, None),
+            };
+            let slot = s.objects.entry(key.kind).or_default();
+            let old = slot.get(&key.id).cloned();
+            let kind = match (&old, &new) {
+                (Some(old), Some(new)) if old.object == *new => continue,
+                (None, None) => continue,
+                (None, Some(_)) => EventType::Added,
+                (Some(_), Some(_)) => EventType::Modified,
+                (Some(_), None) => EventType::Deleted,
+            };
+            s.counter += 1;
+            let rv = s.base | (s.counter & COUNTER_MASK);
+            let stored = match new {
+                Some(o) => {
+                    let stored = Arc::new(Stored::new(o, rv));
+                    s.objects
+                        .entry(key.kind)
+                        .or_default()
+                        .insert(key.id, stored.clone());
+                    stored
+                }
+                None => {
+                    s.objects.entry(key.kind).or_default().remove(&key.id);
+                    // The last state, re-versioned so the deletion has a version of its own.
+                    let last = old.expect("a deletion event has an old state");
+                    Arc::new(Stored::new(last.object.clone(), rv))
+                }
+            };
+            events.push(Event {
+                resource_version: rv,
+                kind,
+                object: stored,
+            });
+        }
+        for e in &events {
+            if s.history.len() == s.history_cap {
+                s.history.pop_front();
+            }
+            s.history.push_back(e.clone());
+            // No receivers is fine: nobody watches yet.
+            let _ = self.tx.send(e.clone());
+        }
+        events
+    }
+
+    /// One object.
+    pub fn get(&self, key: &ObjKey) -> Option<Arc<Stored>> {
+        self.read().objects.get(&key.kind)?.get(&key.id).cloned()
+    }
+
+    /// Number of objects of a kind.
+    pub fn len(&self, kind: Kind) -> usize {
+        self.read().objects.get(&kind).map_or(0, BTreeMap::len)
+    }
+
+    /// True when the view holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.read().objects.values().all(BTreeMap::is_empty)
+    }
+
+    /// Every object of a kind, consistent with the returned version.
+    pub fn list(&self, kind: Kind) -> Snapshot {
+        let s = self.read();
+        Snapshot {
+            resource_version: s.base | s.counter,
+            items: s
+                .objects
+                .get(&kind)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// A snapshot of a kind and a receiver of every change after it, with no gap between them.
+    pub fn list_and_watch(&self, kind: Kind) -> (Snapshot, broadcast::Receiver<Event>) {
+        let s = self.read();
+        // Subscribing under the read lock: no publication can slip between snapshot and receiver.
+        let rx = self.tx.subscribe();
+        let snap = Snapshot {
+            resource_version: s.base | s.counter,
+            items: s
+                .objects
+                .get(&kind)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default(),
+        };
+        (snap, rx)
+    }
+
+    /// The changes after `resource_version` and a receiver of every later one.
+    pub fn watch_from(
+        &self,
+        resource_version: u64,
+    ) -> Result<(Vec<Event>, broadcast::Receiver<Event>), ResumeError> {
+        let s = self.read();
+        if resource_version & !COUNTER_MASK != s.base {
+            return Err(ResumeError::Expired);
+        }
+        let counter = resource_version & COUNTER_MASK;
+        if counter > s.counter {
+            return Err(ResumeError::TooLarge);
+        }
+        let oldest = s
+            .history
+            .front()
+            .map_or(s.counter + 1, |e| e.resource_version & COUNTER_MASK);
+        // Resuming needs every change after `counter`: the first of them must still be held.
+        if counter + 1 < oldest && counter < s.counter {
+            return Err(ResumeError::Expired);
+        }
+        let rx = self.tx.subscribe();
+        let events = s
+            .history
+            .iter()
+            .filter(|e| e.resource_version > resource_version)
+            .cloned()
+            .collect();
+        Ok((events, rx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn mk_service(name: &str, label: &str) -> Object {
+        Object::Service(Arc::new(Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                labels: Some([("v".to_owned(), label.to_owned())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn versions_are_monotonic_never_zero_and_stamped_in_the_json() {
+        let view = View::new(7, 100);
+        assert_ne!(view.resource_version(), 0);
+        let e1 = view.apply([Change::Upsert(mk_service("a", "1"))]);
+        let e2 = view.apply([Change::Upsert(mk_service("a", "2"))]);
+        assert_eq!(e1[0].kind, EventType::Added);
+        assert_eq!(e2[0].kind, EventType::Modified);
+        assert!(e2[0].resource_version > e1[0].resource_version);
+        let json: serde_json::Value = serde_json::from_slice(&e2[0].object.json).expect("json");
+        assert_eq!(json["kind"], "Service");
+        assert_eq!(json["apiVersion"], "v1");
+        assert_eq!(
+            json["metadata"]["resourceVersion"],
+            e2[0].resource_version.to_string()
+        );
+    }
+
+    #[test]
+    fn an_unchanged_object_publishes_nothing() {
+        let view = View::new(1, 100);
+        view.apply([Change::Upsert(mk_service("a", "1"))]);
+        let rv = view.resource_version();
+        assert!(
+            view.apply([Change::Upsert(mk_service("a", "1"))])
+                .is_empty()
+        );
+        assert!(
+            view.apply([Change::Delete(mk_service("b", "1").key())])
+                .is_empty()
+        );
+        assert_eq!(view.resource_version(), rv);
+    }
+
+    #[test]
+    fn a_deletion_carries_the_last_state_with_a_new_version() {
+        let view = View::new(1, 100);
+        view.apply([Change::Upsert(mk_service("a", "1"))]);
+        let e = view.apply([Change::Delete(mk_service("a", "1").key())]);
+        assert_eq!(e[0].kind, EventType::Deleted);
+        assert_eq!(e[0].object.object, mk_service("a", "1"));
+        assert_eq!(e[0].object.resource_version, e[0].resource_version);
+        assert_eq!(view.len(Kind::Service), 0);
+    }
+
+    #[test]
+    fn resume_gives_exactly_the_later_changes_or_says_why_not() {
+        let view = View::new(3, 2);
+        let first = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
+        let second = view.apply([Change::Upsert(mk_service("a", "2"))])[0].resource_version;
+        let (events, _rx) = view.watch_from(first).expect("in history");
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].resource_version, second);
+        view.apply([Change::Upsert(mk_service("a", "3"))]);
+        view.apply([Change::Upsert(mk_service("a", "4"))]);
+        assert_eq!(
+            view.watch_from(first).err(),
+            Some(ResumeError::Expired),
+            "history holds 2"
+        );
+        assert_eq!(
+            view.watch_from(view.resource_version() + 1).err(),
+            Some(ResumeError::TooLarge)
+        );
+        let other_run = View::new(4, 2).resource_version();
+        assert_eq!(view.watch_from(other_run).err(), Some(ResumeError::Expired));
+        let (events, _rx) = view.watch_from(view.resource_version()).expect("now");
+        assert!(events.is_empty());
+    }
+
+    #[tokio::test]
+    async fn subscribers_see_every_change_after_their_snapshot() {
+        let view = View::new(1, 100);
+        view.apply([Change::Upsert(mk_service("a", "1"))]);
+        let (snap, mut rx) = view.list_and_watch(Kind::Service);
+        assert_eq!(snap.items.len(), 1);
+        view.apply([Change::Upsert(mk_service("b", "1"))]);
+        let e = rx.recv().await.expect("event");
+        assert_eq!(e.kind, EventType::Added);
+        assert!(e.resource_version > snap.resource_version);
+    }
+}
