@@ -16,7 +16,7 @@ test:
 
 ## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]).
 e2e:
-	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast
+	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass
 
 ## bench: criterion benchmarks; figures print to the terminal and land in target/criterion.
 bench:

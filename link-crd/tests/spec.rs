@@ -506,3 +506,54 @@ fn the_committed_crd_is_current() {
         "{path} is stale or missing: run `make crds` and commit the result"
     );
 }
+
+/// The README's configuration table is the CRD's field descriptions, word for word.
+#[test]
+fn the_readme_configuration_reference_matches_the_doc_comments() {
+    fn walk(node: &serde_json::Value, path: String, out: &mut Vec<(String, String)>) {
+        let leaf = ["services", "perLink", "perService"]
+            .iter()
+            .any(|l| path.ends_with(l));
+        match node["properties"].as_object() {
+            Some(props) if !leaf => {
+                for (k, v) in props {
+                    walk(v, format!("{path}.{k}"), out);
+                }
+            }
+            _ => {
+                let d = node["description"].as_str().unwrap_or_default();
+                out.push((path, d.split_whitespace().collect::<Vec<_>>().join(" ")));
+            }
+        }
+    }
+    let schema = serde_json::to_value(&crd().spec.versions[0].schema).expect("schema");
+    let mut fields = Vec::new();
+    walk(
+        &schema["openAPIV3Schema"]["properties"]["spec"],
+        "spec".into(),
+        &mut fields,
+    );
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    for (path, description) in &fields {
+        let row = format!("| `{path}` | {description} |");
+        assert!(
+            readme.contains(&row),
+            "README.md lacks or misstates:\n{row}"
+        );
+    }
+    assert!(
+        fields.len() >= 15,
+        "the walk found the spec's fields: {fields:?}"
+    );
+}
+
+#[test]
+fn the_example_links_file_is_valid() {
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/examples/links.yaml"
+    ))
+    .expect("example");
+    LinksFile::from_yaml(&src).expect("the shipped example validates");
+}

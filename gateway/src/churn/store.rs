@@ -153,21 +153,8 @@ impl Store {
                 let old_svc = old.as_deref().and_then(slice_service);
                 let new_svc = new.as_deref().and_then(slice_service);
                 let count = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::len);
-                if let (Some(o), Some(svc)) = (&old, &old_svc) {
-                    if let Some(n) = self.slice_endpoints.get_mut(svc) {
-                        *n = n.saturating_sub(count(o));
-                        if *n == 0 {
-                            self.slice_endpoints.remove(svc);
-                        }
-                    }
-                    self.unref(svc, slice_pods(o));
-                    if let Some(set) = self.slices_by_service.get_mut(svc) {
-                        set.remove(id);
-                        if set.is_empty() {
-                            self.slices_by_service.remove(svc);
-                        }
-                    }
-                }
+                // Reference the new state before releasing the old one, so pods both point at
+                // stay held.
                 if let (Some(n), Some(svc)) = (&new, &new_svc) {
                     *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
                     self.reference(svc, slice_pods(n));
@@ -176,6 +163,23 @@ impl Store {
                         .or_default()
                         .insert(id.clone());
                     self.slices.insert(id.clone(), n.clone());
+                }
+                if let (Some(o), Some(svc)) = (&old, &old_svc) {
+                    if let Some(n) = self.slice_endpoints.get_mut(svc) {
+                        *n = n.saturating_sub(count(o));
+                        if *n == 0 {
+                            self.slice_endpoints.remove(svc);
+                        }
+                    }
+                    self.unref(svc, slice_pods(o));
+                    if new_svc.as_ref() != Some(svc)
+                        && let Some(set) = self.slices_by_service.get_mut(svc)
+                    {
+                        set.remove(id);
+                        if set.is_empty() {
+                            self.slices_by_service.remove(svc);
+                        }
+                    }
                 }
                 for svc in [old_svc, new_svc].into_iter().flatten() {
                     if self.is_selected(&svc) {
@@ -187,12 +191,13 @@ impl Store {
                 }
             }
             (Kind::Endpoints, o) => {
-                if let Some(old) = self.endpoints.remove(id) {
-                    self.unref(id, endpoints_pods(&old));
-                }
+                let old = self.endpoints.remove(id);
                 if let Some(Object::Endpoints(n)) = o {
                     self.reference(id, endpoints_pods(&n));
                     self.endpoints.insert(id.clone(), n);
+                }
+                if let Some(old) = old {
+                    self.unref(id, endpoints_pods(&old));
                 }
                 if self.is_selected(id) {
                     t.relevant = true;

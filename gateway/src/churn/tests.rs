@@ -618,3 +618,34 @@ async fn endpoints_over_the_threshold_quarantine() {
         "tripped by the 11th slice"
     );
 }
+
+/// A slice update that keeps pointing at a pod keeps that pod held and served (regression:
+/// releasing the old slice's references first dropped every pod on each slice update).
+#[tokio::test(start_paused = true)]
+async fn pods_stay_served_across_slice_updates() {
+    let mut e = synced(
+        &mk_spec(),
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-1", &[(1, true)]),
+            mk_pod("web-1", "Running"),
+        ],
+    );
+    let pod = ObjKey {
+        kind: Kind::Pod,
+        id: NsName::new("ns", "web-1"),
+    };
+    assert!(e.view().get(&pod).is_some());
+    apply(&mut e, mk_slice("web", "web-1", &[(1, false)]));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert!(
+        e.view().get(&pod).is_some(),
+        "the pod is still behind the slice"
+    );
+    apply(&mut e, mk_slice("web", "web-1", &[(2, true)]));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert!(
+        e.view().get(&pod).is_none(),
+        "no endpoint points at it any more"
+    );
+}
