@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
     engine.poll(start);
 
     // The event mix of a flood: slice flips across services, and pods nothing points at.
-    let events: Vec<Change> = (0..100_000)
+    let events: Vec<Change> = (0..100_000usize)
         .map(|i| {
             if i.is_multiple_of(2) {
                 Change::Apply(slice(
