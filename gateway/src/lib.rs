@@ -4,10 +4,12 @@
 //! See `ARCHITECTURE.md` for the tasks, ports and data flow. Modules:
 //! - [`churn`]: the pure engine of one link: coalesce, rate-limit, cap, detect floods, quarantine.
 //! - [`view`]: the published, versioned store consumers read, with history and fan-out.
+//! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
 //! - [`cli`]: the command line and its commands.
 
 #![forbid(unsafe_code)]
 
 pub mod churn;
 pub mod cli;
+pub mod kubeapi;
 pub mod view;

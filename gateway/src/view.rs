@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use crate::churn::object::{Kind, NsName, ObjKey, Object};
@@ -35,19 +36,32 @@ pub struct Stored {
     /// The object, as served.
     pub object: Object,
     /// Its JSON, with `kind`, `apiVersion` and `metadata.resourceVersion`.
-    pub json: Vec<u8>,
+    pub json: Bytes,
 }
 
 impl Stored {
-    fn new(object: Object, resource_version: u64) -> Self {
-        let json =
-            serde_json::to_vec(&object.to_json(&resource_version.to_string())).unwrap_or_default();
+    /// Stamps `object` with a version and encodes it.
+    pub fn new(object: Object, resource_version: u64) -> Self {
+        let json = serde_json::to_vec(&object.to_json(&resource_version.to_string()))
+            .unwrap_or_default()
+            .into();
         Self {
             resource_version,
             object,
             json,
         }
     }
+}
+
+/// One watch frame: `{"type":..,"object":..}` and a newline.
+pub fn frame(kind: &str, object_json: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(object_json.len() + 32);
+    b.extend_from_slice(b"{\"type\":\"");
+    b.extend_from_slice(kind.as_bytes());
+    b.extend_from_slice(b"\",\"object\":");
+    b.extend_from_slice(object_json);
+    b.extend_from_slice(b"}\n");
+    b.into()
 }
 
 /// What happened to an object.
@@ -70,6 +84,22 @@ pub struct Event {
     pub kind: EventType,
     /// The object after the change (before it, for a deletion).
     pub object: Arc<Stored>,
+    /// The state before a modification: watchers with a selector need it to turn a change
+    /// that leaves (enters) their selection into DELETED (ADDED).
+    pub previous: Option<Arc<Stored>>,
+    /// The watch frame of this event, encoded once for every watcher.
+    pub frame: Bytes,
+}
+
+impl EventType {
+    /// The watch event type as the API names it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
 }
 
 /// A change a publication makes.
@@ -183,14 +213,21 @@ impl View {
                 None => {
                     s.objects.entry(key.kind).or_default().remove(&key.id);
                     // The last state, re-versioned so the deletion has a version of its own.
-                    let last = old.expect("a deletion event has an old state");
+                    let Some(last) = &old else { continue };
                     Arc::new(Stored::new(last.object.clone(), rv))
                 }
+            };
+            let previous = if kind == EventType::Modified {
+                old
+            } else {
+                None
             };
             events.push(Event {
                 resource_version: rv,
                 kind,
+                frame: frame(kind.as_str(), &stored.json),
                 object: stored,
+                previous,
             });
         }
         for e in &events {
@@ -246,6 +283,19 @@ impl View {
                 .unwrap_or_default(),
         };
         (snap, rx)
+    }
+
+    /// Checks that this incarnation issued `resource_version` (it may be older than the history):
+    /// `Expired` for another run's version, `TooLarge` for one not issued yet.
+    pub fn check_issued(&self, resource_version: u64) -> Result<(), ResumeError> {
+        let s = self.read();
+        if resource_version & !COUNTER_MASK != s.base {
+            Err(ResumeError::Expired)
+        } else if resource_version & COUNTER_MASK > s.counter {
+            Err(ResumeError::TooLarge)
+        } else {
+            Ok(())
+        }
     }
 
     /// The changes after `resource_version` and a receiver of every later one.

@@ -4,6 +4,11 @@
 //! `<digits><unit>` terms with units `ns`, `us`, `ms`, `s`, `m` and `h`. The CRD schema carries
 //! the same grammar as a `pattern`, so the API server and Floodgate agree on what is valid.
 //! Values are printed back in the canonical form (`90s` prints as `1m30s`).
+//!
+//! Why not `kube::core::Duration`: its parser multiplies with `Duration::mul_f64`, which panics
+//! on overflow (`99999999999999999999h` would crash whoever loads the config), it accepts
+//! negative durations, and it prints `10m` back as `600s`. A config loader must refuse bad input
+//! with an error, never a panic, so this type keeps a strict, checked integer parser.
 
 use std::borrow::Cow;
 use std::fmt;

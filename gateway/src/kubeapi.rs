@@ -1,0 +1,460 @@
+//! The Kubernetes API facade: enough of the list/watch protocol for unmodified client-go
+//! informers (Linkerd), kube-rs watchers, kubectl and the Python client, served from a
+//! [`View`]. The same code serves Floodgate's links (read-only, one per `/links/<link>/` prefix)
+//! and the remote-cluster simulator of our tests (writable, at the root): the difference is the
+//! [`ApiStore`] behind it.
+//!
+//! Requests flow: authentication (bearer token, constant-time) -> path routing -> query parsing
+//! and content negotiation -> discovery, access review, event sink, or GET/LIST/WATCH against the
+//! view; writes go to the store, which refuses them (405) unless it is the simulator.
+
+pub mod list;
+pub mod query;
+pub mod resource;
+pub mod review;
+pub mod selector;
+pub mod status;
+pub mod watch;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::Value;
+use subtle::ConstantTimeEq;
+
+use self::list::{json_response, negotiate};
+use self::query::Query;
+use self::resource::{RESOURCES, ResourceDef};
+use self::status::{Reason, StatusError};
+use crate::view::View;
+
+/// Request bodies larger than this are refused with 413: nothing a consumer sends (an access
+/// review, an Event) comes near it.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// How long a request to a link that has not synced yet waits before a 503.
+pub const COLD_WAIT: Duration = Duration::from_secs(5);
+
+/// A write the facade passes on to its store.
+#[derive(Debug)]
+pub struct Write<'a> {
+    /// POST, PUT, PATCH or DELETE.
+    pub method: &'a Method,
+    /// The resource.
+    pub def: &'static ResourceDef,
+    /// The namespace in the path.
+    pub namespace: Option<&'a str>,
+    /// The object's name, for PUT, PATCH and DELETE.
+    pub name: Option<&'a str>,
+    /// The request's Content-Type.
+    pub content_type: &'a str,
+    /// The body.
+    pub body: &'a [u8],
+}
+
+/// What the facade serves from.
+pub trait ApiStore: Send + Sync + 'static {
+    /// The objects.
+    fn view(&self) -> &View;
+
+    /// The resources served (a remote without Linkerd's policy API serves no servers).
+    fn served(&self) -> Vec<&'static ResourceDef> {
+        RESOURCES.iter().collect()
+    }
+
+    /// `GET /version`: the upstream's version.
+    fn version(&self) -> Value {
+        resource::default_version()
+    }
+
+    /// Whether objects can be served yet (a link before its first sync cannot).
+    fn ready(&self) -> Result<(), StatusError> {
+        Ok(())
+    }
+
+    /// Creates, updates, patches or deletes. Floodgate's links are read-only.
+    fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
+        Err(StatusError::new(
+            Reason::MethodNotAllowed,
+            format!(
+                "Floodgate serves {} read-only: {} is not allowed",
+                w.def.plural, w.method
+            ),
+        ))
+    }
+}
+
+/// Request counters (the simulator's tests assert upstream load with them).
+#[derive(Debug, Default)]
+pub struct ApiCounters {
+    /// LIST requests.
+    pub lists: AtomicU64,
+    /// WATCH requests.
+    pub watches: AtomicU64,
+    /// GETs of one object.
+    pub gets: AtomicU64,
+    /// Writes (creates, updates, patches, deletes) accepted by the store.
+    pub writes: AtomicU64,
+    /// Events posted and discarded.
+    pub events_discarded: AtomicU64,
+    /// Requests refused for authentication.
+    pub unauthorized: AtomicU64,
+}
+
+/// A snapshot of [`ApiCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CountersSnapshot {
+    /// LIST requests.
+    pub lists: u64,
+    /// WATCH requests.
+    pub watches: u64,
+    /// GET requests.
+    pub gets: u64,
+    /// Writes accepted.
+    pub writes: u64,
+    /// Events discarded.
+    pub events_discarded: u64,
+    /// Requests refused for authentication.
+    pub unauthorized: u64,
+}
+
+impl ApiCounters {
+    /// The current figures.
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CountersSnapshot {
+            lists: g(&self.lists),
+            watches: g(&self.watches),
+            gets: g(&self.gets),
+            writes: g(&self.writes),
+            events_discarded: g(&self.events_discarded),
+            unauthorized: g(&self.unauthorized),
+        }
+    }
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One API: a store and the token that opens it.
+#[derive(Debug)]
+pub struct Api<S> {
+    store: S,
+    token: String,
+    /// Request counters.
+    pub counters: ApiCounters,
+}
+
+impl<S: ApiStore> Api<S> {
+    /// An API over `store`, opened by `token`.
+    pub fn new(store: S, token: impl Into<String>) -> Self {
+        Self {
+            store,
+            token: token.into(),
+            counters: ApiCounters::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Constant-time token check.
+    pub fn opens(&self, presented: &str) -> bool {
+        bool::from(presented.as_bytes().ct_eq(self.token.as_bytes()))
+    }
+}
+
+/// The bearer token of a request, if any.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+fn unauthorized() -> StatusError {
+    StatusError::new(
+        Reason::Unauthorized,
+        "Unauthorized: a bearer token for this link is required",
+    )
+}
+
+/// A router serving one API at the root (the simulator).
+pub fn router<S: ApiStore>(api: Arc<Api<S>>) -> Router {
+    Router::new().fallback(root_handler::<S>).with_state(api)
+}
+
+async fn root_handler<S: ApiStore>(State(api): State<Arc<Api<S>>>, req: Request) -> Response {
+    if !bearer(req.headers()).is_some_and(|t| api.opens(t)) {
+        bump(&api.counters.unauthorized);
+        return unauthorized().into_response();
+    }
+    let path = req.uri().path().to_owned();
+    serve(&api, &path, req).await
+}
+
+/// Links served under `/links/<name>/`, each with its own token.
+#[derive(Debug)]
+pub struct Links<S> {
+    apis: HashMap<String, Arc<Api<S>>>,
+}
+
+impl<S: ApiStore> Links<S> {
+    /// The links, by name.
+    pub fn new(apis: HashMap<String, Arc<Api<S>>>) -> Self {
+        Self { apis }
+    }
+}
+
+/// A router serving every link under `/links/<name>/`.
+pub fn links_router<S: ApiStore>(links: Arc<Links<S>>) -> Router {
+    Router::new().fallback(links_handler::<S>).with_state(links)
+}
+
+async fn links_handler<S: ApiStore>(State(links): State<Arc<Links<S>>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let Some(rest) = path.strip_prefix("/links/") else {
+        return not_found_path().into_response();
+    };
+    let (name, sub) = rest.split_once('/').map_or((rest, "/"), |(n, s)| (n, s));
+    let Some(api) = links.apis.get(name) else {
+        return StatusError::new(Reason::NotFound, format!("no link named {name:?}"))
+            .into_response();
+    };
+    match bearer(req.headers()) {
+        Some(t) if api.opens(t) => {}
+        Some(t) if links.apis.values().any(|other| other.opens(t)) => {
+            bump(&api.counters.unauthorized);
+            return StatusError::new(
+                Reason::Forbidden,
+                format!("this token does not open link {name:?}"),
+            )
+            .into_response();
+        }
+        _ => {
+            bump(&api.counters.unauthorized);
+            return unauthorized().into_response();
+        }
+    }
+    let sub = format!("/{}", sub.trim_start_matches('/'));
+    serve(api, &sub, req).await
+}
+
+fn not_found_path() -> StatusError {
+    StatusError::new(
+        Reason::NotFound,
+        "the server could not find the requested resource",
+    )
+}
+
+/// Where a request goes.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    Version,
+    Api,
+    Apis,
+    GroupVersion(&'a str, &'a str),
+    Review,
+    Events,
+    Resource {
+        def: &'static ResourceDef,
+        namespace: Option<&'a str>,
+        name: Option<&'a str>,
+    },
+    NotFound,
+}
+
+fn route(path: &str) -> Target<'_> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["version"] => return Target::Version,
+        ["api"] => return Target::Api,
+        ["apis"] => return Target::Apis,
+        ["api", v] => return Target::GroupVersion("", v),
+        ["apis", g, v] => return Target::GroupVersion(g, v),
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+        ] => return Target::Review,
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Target::NotFound,
+    };
+    let (namespace, plural, name) = match rest {
+        [plural] => (None, *plural, None),
+        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
+        _ => return Target::NotFound,
+    };
+    if plural == "events" && matches!((group, version), ("", "v1") | ("events.k8s.io", "v1")) {
+        return Target::Events;
+    }
+    match ResourceDef::find(group, version, plural) {
+        Some(def) => Target::Resource {
+            def,
+            namespace,
+            name,
+        },
+        None => Target::NotFound,
+    }
+}
+
+/// Serves one authenticated request; `path` is relative to the API's root.
+async fn serve<S: ApiStore>(api: &Api<S>, path: &str, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            return StatusError::new(
+                Reason::RequestEntityTooLarge,
+                format!("request body over {MAX_BODY} bytes"),
+            )
+            .into_response();
+        }
+    };
+    let query = parts.uri.query().unwrap_or_default();
+    match dispatch(api, &parts.method, path, query, &parts.headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn dispatch<S: ApiStore>(
+    api: &Api<S>,
+    method: &Method,
+    path: &str,
+    raw_query: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, StatusError> {
+    let store = &api.store;
+    let served = store.served();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let read = method == Method::GET || method == Method::HEAD;
+    let json = |v: Value, code: StatusCode| json_response(code, v.to_string().into_bytes(), false);
+    match route(path) {
+        Target::NotFound => Err(not_found_path()),
+        Target::Version if read => Ok(json(store.version(), StatusCode::OK)),
+        Target::Api if read => Ok(json(resource::api_versions(), StatusCode::OK)),
+        Target::Apis if read => Ok(json(resource::api_group_list(&served), StatusCode::OK)),
+        Target::GroupVersion(g, v) if read => resource::resource_list(g, v, &served)
+            .map(|v| json(v, StatusCode::OK))
+            .ok_or_else(not_found_path),
+        Target::Review if method == Method::POST => {
+            let attrs = review::parse(&body, content_type).map_err(|e| {
+                if content_type.is_empty()
+                    || content_type.contains("json")
+                    || content_type.contains("protobuf")
+                {
+                    e
+                } else {
+                    review::unsupported(content_type)
+                }
+            })?;
+            Ok(json(review::answer(&attrs, &served), StatusCode::CREATED))
+        }
+        Target::Events if method == Method::POST => {
+            let mut event: Value = serde_json::from_slice(&body)
+                .map_err(|e| StatusError::bad_request(format!("invalid JSON Event: {e}")))?;
+            bump(&api.counters.events_discarded);
+            if event["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+                let prefix = event["metadata"]["generateName"]
+                    .as_str()
+                    .unwrap_or("event-")
+                    .to_owned();
+                let n = api.counters.events_discarded.load(Ordering::Relaxed);
+                event["metadata"]["name"] = format!("{prefix}{n:x}").into();
+            }
+            event["metadata"]["resourceVersion"] =
+                store.view().resource_version().to_string().into();
+            Ok(json(event, StatusCode::CREATED))
+        }
+        Target::Resource {
+            def,
+            namespace,
+            name,
+        } => {
+            if !served.contains(&def) {
+                return Err(not_found_path());
+            }
+            if !read {
+                let w = Write {
+                    method,
+                    def,
+                    namespace,
+                    name,
+                    content_type,
+                    body: &body,
+                };
+                let (code, v) = store.write(w)?;
+                bump(&api.counters.writes);
+                return Ok(json(v, code));
+            }
+            wait_ready(store).await?;
+            let q = Query::parse(raw_query)?;
+            let render = negotiate(headers)?;
+            if q.watch {
+                bump(&api.counters.watches);
+                return watch::watch(store.view(), def, namespace, name, q, render);
+            }
+            match name {
+                Some(name) => {
+                    bump(&api.counters.gets);
+                    list::get(store.view(), def, namespace, name, render)
+                }
+                None => {
+                    bump(&api.counters.lists);
+                    list::list(store.view(), def, namespace, &q, render, headers)
+                }
+            }
+        }
+        _ => Err(StatusError::new(
+            Reason::MethodNotAllowed,
+            format!("{method} is not allowed on {path}"),
+        )),
+    }
+}
+
+async fn wait_ready<S: ApiStore>(store: &S) -> Result<(), StatusError> {
+    let deadline = tokio::time::Instant::now() + COLD_WAIT;
+    loop {
+        match store.ready() {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Serves `router` on `listener` over plain HTTP until `shutdown` completes. (TLS serving
+/// arrives with the gateway's listener.)
+pub async fn serve_plain(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,236 @@
+//! GET and LIST: content negotiation, filtering, and the list body built from each object's
+//! pre-encoded JSON (no object is re-encoded for a full list).
+
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::query::{Query, RvMatch, parse_rv};
+use super::resource::{ResourceDef, table_cells, table_columns};
+use super::status::{Reason, StatusError};
+use crate::view::{ResumeError, Stored, View};
+
+/// Lists larger than this are gzipped when the client accepts it (the API server's threshold).
+const GZIP_OVER: usize = 128 * 1024;
+
+/// How the client wants objects rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Render {
+    /// The objects themselves.
+    Full,
+    /// `as=PartialObjectMetadata[List]`: metadata only.
+    Metadata,
+    /// `as=Table`: kubectl's columns.
+    Table,
+}
+
+/// Picks a rendering from the Accept header: JSON when it is absent, `*/*`, or lists
+/// `application/json` with any parameters; 406 otherwise.
+pub fn negotiate(headers: &HeaderMap) -> Result<Render, StatusError> {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.trim().is_empty() {
+        return Ok(Render::Full);
+    }
+    for entry in accept.split(',') {
+        let mut parts = entry.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("");
+        if !matches!(media, "application/json" | "*/*" | "application/*") {
+            continue;
+        }
+        let params: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
+        let get = |k: &str| params.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+        return Ok(match (get("as"), get("g")) {
+            (Some("Table"), Some("meta.k8s.io")) => Render::Table,
+            (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io")) => {
+                Render::Metadata
+            }
+            // An `as=` we do not serve: the client listed it first but may accept plain JSON
+            // further on; keep looking.
+            (Some(_), _) => continue,
+            (None, _) => Render::Full,
+        });
+    }
+    Err(StatusError::new(
+        Reason::NotAcceptable,
+        format!("only application/json is served; Accept was {accept:?}"),
+    ))
+}
+
+/// The metadata-only form of an object.
+pub fn partial_metadata(stored: &Stored) -> Value {
+    let mut meta = serde_json::to_value(stored.object.meta()).unwrap_or_default();
+    meta["resourceVersion"] = stored.resource_version.to_string().into();
+    json!({ "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta })
+}
+
+/// True when an object passes the namespace, label and field filters of a request.
+pub fn selected(stored: &Stored, namespace: Option<&str>, q: &Query) -> bool {
+    let meta = stored.object.meta();
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
+    namespace.is_none_or(|n| n == ns)
+        && q.fields.matches(ns, name)
+        && q.labels.matches(meta.labels.as_ref())
+}
+
+/// Serves a LIST.
+pub fn list(
+    view: &View,
+    def: &ResourceDef,
+    namespace: Option<&str>,
+    q: &Query,
+    render: Render,
+    headers: &HeaderMap,
+) -> Result<Response, StatusError> {
+    let snap = view.list(def.kind);
+    check_list_version(view, q, snap.resource_version)?;
+    let rv = snap.resource_version.to_string();
+    let items: Vec<&Arc<Stored>> = snap
+        .items
+        .iter()
+        .filter(|s| selected(s, namespace, q))
+        .collect();
+    let body: Vec<u8> = match render {
+        Render::Full => {
+            let size: usize = items.iter().map(|s| s.json.len() + 1).sum();
+            let mut b = Vec::with_capacity(size + 256);
+            write!(
+                b,
+                r#"{{"kind":"{}","apiVersion":"{}","metadata":{{"resourceVersion":"{rv}"}},"items":["#,
+                def.list_kind(),
+                def.api_version()
+            )
+            .map_err(internal)?;
+            for (i, s) in items.iter().enumerate() {
+                if i > 0 {
+                    b.push(b',');
+                }
+                b.extend_from_slice(&s.json);
+            }
+            b.extend_from_slice(b"]}");
+            b
+        }
+        Render::Metadata => serde_json::to_vec(&json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": { "resourceVersion": rv },
+            "items": items.iter().map(|s| partial_metadata(s)).collect::<Vec<_>>(),
+        }))
+        .map_err(internal)?,
+        Render::Table => serde_json::to_vec(&table(def, &items, &rv)).map_err(internal)?,
+    };
+    Ok(json_response(StatusCode::OK, body, accepts_gzip(headers)))
+}
+
+/// Serves a GET of one object.
+pub fn get(
+    view: &View,
+    def: &ResourceDef,
+    namespace: Option<&str>,
+    name: &str,
+    render: Render,
+) -> Result<Response, StatusError> {
+    let snap = view.list(def.kind);
+    let found = snap.items.iter().find(|s| {
+        let m = s.object.meta();
+        m.name.as_deref() == Some(name)
+            && namespace.is_none_or(|n| m.namespace.as_deref() == Some(n))
+    });
+    let Some(stored) = found else {
+        return Err(StatusError::not_found(def.plural, name));
+    };
+    let body = match render {
+        Render::Full => stored.json.to_vec(),
+        Render::Metadata => serde_json::to_vec(&partial_metadata(stored)).map_err(internal)?,
+        Render::Table => {
+            serde_json::to_vec(&table(def, &[stored], &snap.resource_version.to_string()))
+                .map_err(internal)?
+        }
+    };
+    Ok(json_response(StatusCode::OK, body, false))
+}
+
+/// The resourceVersion rules of a LIST, for Floodgate's versions (no snapshots are kept: only
+/// the current state can be served).
+fn check_list_version(view: &View, q: &Query, current: u64) -> Result<(), StatusError> {
+    let Some(rv) = q
+        .resource_version
+        .as_deref()
+        .filter(|rv| !rv.is_empty() && *rv != "0")
+    else {
+        return Ok(());
+    };
+    let asked = parse_rv(rv)?;
+    match view.check_issued(asked) {
+        Err(ResumeError::TooLarge) => Err(StatusError::too_large(rv)),
+        Err(ResumeError::Expired) => Err(StatusError::expired(rv)),
+        Ok(_) if q.rv_match == RvMatch::Exact && asked != current => Err(StatusError::expired(rv)),
+        Ok(_) => Ok(()),
+    }
+}
+
+fn table(def: &ResourceDef, items: &[&Arc<Stored>], rv: &str) -> Value {
+    let now = jiff::Timestamp::now();
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|s| {
+            let o: Value = serde_json::from_slice(&s.json).unwrap_or_default();
+            json!({ "cells": table_cells(def.kind, &o, now), "object": partial_metadata(s) })
+        })
+        .collect();
+    json!({
+        "kind": "Table", "apiVersion": "meta.k8s.io/v1",
+        "metadata": { "resourceVersion": rv },
+        "columnDefinitions": table_columns(def.kind),
+        "rows": rows,
+    })
+}
+
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|e| e.trim().starts_with("gzip")))
+}
+
+/// A JSON response, gzipped when large and accepted.
+pub fn json_response(code: StatusCode, body: Vec<u8>, gzip: bool) -> Response {
+    let mut resp = if gzip && body.len() > GZIP_OVER {
+        let mut enc = flate2::write::GzEncoder::new(
+            Vec::with_capacity(body.len() / 8),
+            flate2::Compression::fast(),
+        );
+        match enc.write_all(&body).and_then(|()| enc.finish()) {
+            Ok(z) => {
+                let mut r = (code, Body::from(Bytes::from(z))).into_response();
+                r.headers_mut()
+                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+                r
+            }
+            Err(_) => (code, Body::from(body)).into_response(),
+        }
+    } else {
+        (code, Body::from(body)).into_response()
+    };
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn internal(e: impl std::fmt::Display) -> StatusError {
+    StatusError::new(
+        Reason::InternalError,
+        format!("encoding the response failed: {e}"),
+    )
+}

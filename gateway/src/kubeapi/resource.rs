@@ -1,0 +1,316 @@
+//! The resources the facade serves and the discovery documents that describe them (`/api`,
+//! `/apis`, each group-version's `APIResourceList`), plus the Table columns kubectl shows.
+
+use serde_json::{Value, json};
+
+use crate::churn::object::Kind;
+
+/// One served resource.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ResourceDef {
+    /// The object kind this resource holds.
+    pub kind: Kind,
+    /// API group; empty for the core group.
+    pub group: &'static str,
+    /// API version.
+    pub version: &'static str,
+    /// Plural resource name, as in URLs.
+    pub plural: &'static str,
+    /// Singular name.
+    pub singular: &'static str,
+    /// Short names kubectl accepts.
+    pub short_names: &'static [&'static str],
+}
+
+/// Every resource a link can serve (the Linkerd consumer profile).
+pub static RESOURCES: [ResourceDef; 6] = [
+    ResourceDef {
+        kind: Kind::Service,
+        group: "",
+        version: "v1",
+        plural: "services",
+        singular: "service",
+        short_names: &["svc"],
+    },
+    ResourceDef {
+        kind: Kind::Endpoints,
+        group: "",
+        version: "v1",
+        plural: "endpoints",
+        singular: "endpoints",
+        short_names: &["ep"],
+    },
+    ResourceDef {
+        kind: Kind::Pod,
+        group: "",
+        version: "v1",
+        plural: "pods",
+        singular: "pod",
+        short_names: &["po"],
+    },
+    ResourceDef {
+        kind: Kind::EndpointSlice,
+        group: "discovery.k8s.io",
+        version: "v1",
+        plural: "endpointslices",
+        singular: "endpointslice",
+        short_names: &[],
+    },
+    ResourceDef {
+        kind: Kind::ReplicaSet,
+        group: "apps",
+        version: "v1",
+        plural: "replicasets",
+        singular: "replicaset",
+        short_names: &["rs"],
+    },
+    ResourceDef {
+        kind: Kind::Server,
+        group: "policy.linkerd.io",
+        version: "v1beta3",
+        plural: "servers",
+        singular: "server",
+        short_names: &["srv"],
+    },
+];
+
+/// The verbs a read-only resource supports.
+const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
+
+impl ResourceDef {
+    /// The definition of a kind.
+    pub fn of(kind: Kind) -> &'static ResourceDef {
+        RESOURCES
+            .iter()
+            .find(|r| r.kind == kind)
+            .unwrap_or(&RESOURCES[0])
+    }
+
+    /// Finds a resource by group, version and plural.
+    pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
+        RESOURCES
+            .iter()
+            .find(|r| r.group == group && r.version == version && r.plural == plural)
+    }
+
+    /// `v1` or `group/version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The list kind: `ServiceList`.
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind.name())
+    }
+}
+
+/// `GET /version` when the upstream's is not known yet.
+pub fn default_version() -> Value {
+    json!({
+        "major": "1", "minor": "33", "gitVersion": "v1.33.0-floodgate",
+        "gitCommit": "", "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z",
+        "goVersion": "", "compiler": "", "platform": "linux/amd64",
+    })
+}
+
+/// `GET /api`.
+pub fn api_versions() -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{ "clientCIDR": "0.0.0.0/0", "serverAddress": "" }],
+    })
+}
+
+/// `GET /apis`: the groups of the served resources, plus authorization for access reviews.
+pub fn api_group_list(served: &[&'static ResourceDef]) -> Value {
+    let mut groups: Vec<(&str, &str)> = served
+        .iter()
+        .filter(|r| !r.group.is_empty())
+        .map(|r| (r.group, r.version))
+        .collect();
+    groups.push(("authorization.k8s.io", "v1"));
+    groups.sort();
+    groups.dedup();
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(g, v)| {
+            let gv = json!({ "groupVersion": format!("{g}/{v}"), "version": v });
+            json!({ "name": g, "versions": [gv.clone()], "preferredVersion": gv })
+        })
+        .collect();
+    json!({ "kind": "APIGroupList", "apiVersion": "v1", "groups": groups })
+}
+
+/// `GET /api/v1` or `GET /apis/{group}/{version}`, or `None` when nothing is served there.
+pub fn resource_list(group: &str, version: &str, served: &[&'static ResourceDef]) -> Option<Value> {
+    let mut resources: Vec<Value> = served
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .map(|r| {
+            json!({
+                "name": r.plural, "singularName": r.singular, "namespaced": true,
+                "kind": r.kind.name(), "verbs": READ_VERBS, "shortNames": r.short_names,
+            })
+        })
+        .collect();
+    if group == "authorization.k8s.io" && version == "v1" {
+        resources.push(json!({
+            "name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview",
+            "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"],
+        }));
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({
+        "kind": "APIResourceList", "apiVersion": "v1",
+        "groupVersion": group_version, "resources": resources,
+    }))
+}
+
+/// Table column definitions for a kind, as kubectl prints them.
+pub fn table_columns(kind: Kind) -> Vec<Value> {
+    let names: &[(&str, &str)] = match kind {
+        Kind::Service => &[
+            ("Name", "name"),
+            ("Type", "string"),
+            ("Cluster-IP", "string"),
+            ("Port(s)", "string"),
+            ("Age", "string"),
+        ],
+        Kind::EndpointSlice => &[
+            ("Name", "name"),
+            ("AddressType", "string"),
+            ("Ports", "string"),
+            ("Endpoints", "string"),
+            ("Age", "string"),
+        ],
+        Kind::Endpoints => &[("Name", "name"), ("Endpoints", "string"), ("Age", "string")],
+        Kind::Pod => &[
+            ("Name", "name"),
+            ("Ready", "string"),
+            ("Status", "string"),
+            ("Restarts", "integer"),
+            ("Age", "string"),
+        ],
+        Kind::ReplicaSet | Kind::Server => &[("Name", "name"), ("Age", "string")],
+    };
+    names
+        .iter()
+        .map(|(name, ty)| {
+            json!({ "name": name, "type": ty, "format": if *ty == "name" { "name" } else { "" }, "description": "", "priority": 0 })
+        })
+        .collect()
+}
+
+/// A Table row's cells for an object (as JSON).
+pub fn table_cells(kind: Kind, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
+    let name = o["metadata"]["name"].clone();
+    let age = Value::String(age(&o["metadata"]["creationTimestamp"], now));
+    let join = |items: Vec<String>, none: &str| {
+        if items.is_empty() {
+            none.to_owned()
+        } else {
+            items.join(",")
+        }
+    };
+    match kind {
+        Kind::Service => {
+            let ports: Vec<String> = arr(&o["spec"]["ports"])
+                .iter()
+                .map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or("TCP")))
+                .collect();
+            vec![
+                name,
+                o["spec"]["type"].as_str().unwrap_or("ClusterIP").into(),
+                o["spec"]["clusterIP"].as_str().unwrap_or("<none>").into(),
+                join(ports, "<none>").into(),
+                age,
+            ]
+        }
+        Kind::EndpointSlice => {
+            let ports: Vec<String> = arr(&o["ports"])
+                .iter()
+                .map(|p| p["port"].to_string())
+                .collect();
+            let addrs: Vec<String> = arr(&o["endpoints"])
+                .iter()
+                .flat_map(|e| {
+                    arr(&e["addresses"])
+                        .iter()
+                        .filter_map(|a| a.as_str().map(str::to_owned))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            vec![
+                name,
+                o["addressType"].clone(),
+                join(ports, "<unset>").into(),
+                join(addrs, "<unset>").into(),
+                age,
+            ]
+        }
+        Kind::Endpoints => {
+            let addrs: Vec<String> = arr(&o["subsets"])
+                .iter()
+                .flat_map(|s| {
+                    arr(&s["addresses"])
+                        .iter()
+                        .filter_map(|a| a["ip"].as_str().map(str::to_owned))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            vec![name, join(addrs, "<none>").into(), age]
+        }
+        Kind::Pod => {
+            let statuses = arr(&o["status"]["containerStatuses"]);
+            let ready = statuses
+                .iter()
+                .filter(|c| c["ready"].as_bool() == Some(true))
+                .count();
+            let restarts: i64 = statuses
+                .iter()
+                .filter_map(|c| c["restartCount"].as_i64())
+                .sum();
+            vec![
+                name,
+                format!("{ready}/{}", statuses.len()).into(),
+                o["status"]["phase"].as_str().unwrap_or("Unknown").into(),
+                restarts.into(),
+                age,
+            ]
+        }
+        Kind::ReplicaSet | Kind::Server => vec![name, age],
+    }
+}
+
+fn arr(v: &Value) -> &[Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// kubectl's short age: `42s`, `5m`, `3h`, `2d`.
+fn age(created: &Value, now: jiff::Timestamp) -> String {
+    let Some(t) = created
+        .as_str()
+        .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+    else {
+        return "<unknown>".to_owned();
+    };
+    let secs = now.as_second().saturating_sub(t.as_second()).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}

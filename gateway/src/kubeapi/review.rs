@@ -1,0 +1,240 @@
+//! `SelfSubjectAccessReview`: Linkerd asks whether it may list pods and servers before it starts
+//! its informers. client-go (1.32 and later) sends the review as protobuf (`k8s\0` magic, then a
+//! `runtime.Unknown` wrapping the object); kubectl and others send JSON. Both are read; the
+//! answer is JSON, which clients decode by its Content-Type.
+
+use prost::Message;
+use serde_json::{Value, json};
+
+use super::resource::ResourceDef;
+use super::status::{Reason, StatusError};
+
+const PROTOBUF_MAGIC: &[u8] = b"k8s\0";
+
+/// `runtime.Unknown` (k8s.io/apimachinery/pkg/runtime/generated.proto).
+#[derive(Clone, PartialEq, Message)]
+struct Unknown {
+    #[prost(bytes = "vec", tag = "2")]
+    raw: Vec<u8>,
+}
+
+/// `authorization.k8s.io/v1.SelfSubjectAccessReview`, the fields we read.
+#[derive(Clone, PartialEq, Message)]
+struct ReviewProto {
+    #[prost(message, optional, tag = "2")]
+    spec: Option<SpecProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct SpecProto {
+    #[prost(message, optional, tag = "1")]
+    resource_attributes: Option<AttributesProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct AttributesProto {
+    #[prost(string, optional, tag = "1")]
+    namespace: Option<String>,
+    #[prost(string, optional, tag = "2")]
+    verb: Option<String>,
+    #[prost(string, optional, tag = "3")]
+    group: Option<String>,
+    #[prost(string, optional, tag = "4")]
+    version: Option<String>,
+    #[prost(string, optional, tag = "5")]
+    resource: Option<String>,
+    #[prost(string, optional, tag = "6")]
+    subresource: Option<String>,
+    #[prost(string, optional, tag = "7")]
+    name: Option<String>,
+}
+
+/// What the review asks about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attributes {
+    /// Namespace, empty for all.
+    pub namespace: String,
+    /// Verb: get, list, watch, create...
+    pub verb: String,
+    /// API group.
+    pub group: String,
+    /// Resource (plural).
+    pub resource: String,
+    /// Subresource, if any.
+    pub subresource: String,
+}
+
+/// Reads a review body, JSON or protobuf.
+pub fn parse(body: &[u8], content_type: &str) -> Result<Attributes, StatusError> {
+    if content_type.starts_with("application/vnd.kubernetes.protobuf")
+        || body.starts_with(PROTOBUF_MAGIC)
+    {
+        let rest = body.strip_prefix(PROTOBUF_MAGIC).ok_or_else(|| {
+            StatusError::bad_request("protobuf body without the k8s\\0 magic prefix")
+        })?;
+        let unknown = Unknown::decode(rest).map_err(|e| {
+            StatusError::bad_request(format!("invalid protobuf runtime.Unknown: {e}"))
+        })?;
+        let review = ReviewProto::decode(unknown.raw.as_slice()).map_err(|e| {
+            StatusError::bad_request(format!("invalid protobuf SelfSubjectAccessReview: {e}"))
+        })?;
+        let a = review
+            .spec
+            .and_then(|s| s.resource_attributes)
+            .unwrap_or_default();
+        return Ok(Attributes {
+            namespace: a.namespace.unwrap_or_default(),
+            verb: a.verb.unwrap_or_default(),
+            group: a.group.unwrap_or_default(),
+            resource: a.resource.unwrap_or_default(),
+            subresource: a.subresource.unwrap_or_default(),
+        });
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        StatusError::bad_request(format!("invalid JSON SelfSubjectAccessReview: {e}"))
+    })?;
+    let a = &v["spec"]["resourceAttributes"];
+    let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+    Ok(Attributes {
+        namespace: s("namespace"),
+        verb: s("verb"),
+        group: s("group"),
+        resource: s("resource"),
+        subresource: s("subresource"),
+    })
+}
+
+/// The answer: allowed for get/list/watch of a served resource, refused with a reason otherwise.
+pub fn answer(a: &Attributes, served: &[&'static ResourceDef]) -> Value {
+    let resource_served = served
+        .iter()
+        .any(|r| r.group == a.group && r.plural == a.resource);
+    let read = matches!(a.verb.as_str(), "get" | "list" | "watch");
+    let (allowed, reason) = match (read, resource_served, a.subresource.is_empty()) {
+        (true, true, true) => (true, "Floodgate serves this resource read-only".to_owned()),
+        (_, false, _) => (
+            false,
+            format!("Floodgate does not serve {}.{}", a.resource, a.group),
+        ),
+        (_, _, false) => (
+            false,
+            format!("Floodgate serves no subresource {}", a.subresource),
+        ),
+        (false, _, _) => (
+            false,
+            format!("Floodgate is read-only: verb {:?} is not allowed", a.verb),
+        ),
+    };
+    json!({
+        "kind": "SelfSubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {},
+        "spec": { "resourceAttributes": {
+            "namespace": a.namespace, "verb": a.verb, "group": a.group, "resource": a.resource,
+        }},
+        "status": { "allowed": allowed, "reason": reason },
+    })
+}
+
+/// A body we could not read at all.
+pub fn unsupported(content_type: &str) -> StatusError {
+    StatusError::new(
+        Reason::UnsupportedMediaType,
+        format!("unsupported content type {content_type:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubeapi::resource::RESOURCES;
+
+    /// A review exactly as client-go encodes it: magic, then runtime.Unknown{typeMeta, raw}.
+    fn client_go_body(verb: &str, group: &str, resource: &str) -> Vec<u8> {
+        let attrs = AttributesProto {
+            namespace: Some(String::new()),
+            verb: Some(verb.into()),
+            group: Some(group.into()),
+            version: Some(String::new()),
+            resource: Some(resource.into()),
+            subresource: Some(String::new()),
+            name: Some(String::new()),
+        };
+        let review = ReviewProto {
+            spec: Some(SpecProto {
+                resource_attributes: Some(attrs),
+            }),
+        };
+        let mut out = PROTOBUF_MAGIC.to_vec();
+        // runtime.Unknown: field 1 typeMeta {apiVersion, kind}, field 2 raw, 3 and 4 empty.
+        #[derive(Clone, PartialEq, Message)]
+        struct TypeMeta {
+            #[prost(string, optional, tag = "1")]
+            api_version: Option<String>,
+            #[prost(string, optional, tag = "2")]
+            kind: Option<String>,
+        }
+        #[derive(Clone, PartialEq, Message)]
+        struct Full {
+            #[prost(message, optional, tag = "1")]
+            type_meta: Option<TypeMeta>,
+            #[prost(bytes = "vec", optional, tag = "2")]
+            raw: Option<Vec<u8>>,
+            #[prost(string, optional, tag = "3")]
+            content_encoding: Option<String>,
+            #[prost(string, optional, tag = "4")]
+            content_type: Option<String>,
+        }
+        let full = Full {
+            type_meta: Some(TypeMeta {
+                api_version: Some("authorization.k8s.io/v1".into()),
+                kind: Some("SelfSubjectAccessReview".into()),
+            }),
+            raw: Some(review.encode_to_vec()),
+            content_encoding: Some(String::new()),
+            content_type: Some(String::new()),
+        };
+        out.extend(full.encode_to_vec());
+        out
+    }
+
+    #[test]
+    fn protobuf_reviews_from_client_go_are_read() {
+        let served: Vec<_> = RESOURCES.iter().collect();
+        let a = parse(
+            &client_go_body("list", "", "pods"),
+            "application/vnd.kubernetes.protobuf",
+        )
+        .expect("decodes");
+        assert_eq!((a.verb.as_str(), a.resource.as_str()), ("list", "pods"));
+        assert_eq!(answer(&a, &served)["status"]["allowed"], true);
+        let srv = parse(
+            &client_go_body("list", "policy.linkerd.io", "servers"),
+            "application/vnd.kubernetes.protobuf",
+        )
+        .expect("decodes");
+        assert_eq!(answer(&srv, &served)["status"]["allowed"], true);
+    }
+
+    #[test]
+    fn json_reviews_and_refusals() {
+        let served: Vec<_> = RESOURCES.iter().collect();
+        let body = br#"{"apiVersion":"authorization.k8s.io/v1","kind":"SelfSubjectAccessReview","spec":{"resourceAttributes":{"verb":"delete","resource":"pods"}}}"#;
+        let a = parse(body, "application/json").expect("json");
+        let ans = answer(&a, &served);
+        assert_eq!(ans["status"]["allowed"], false);
+        assert!(
+            ans["status"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("read-only"))
+        );
+        let secrets = Attributes {
+            verb: "get".into(),
+            resource: "secrets".into(),
+            ..Default::default()
+        };
+        assert_eq!(answer(&secrets, &served)["status"]["allowed"], false);
+        assert!(parse(b"k8s\0\xff\xff", "application/vnd.kubernetes.protobuf").is_err());
+        assert!(parse(b"{not json", "application/json").is_err());
+    }
+}

@@ -1,0 +1,263 @@
+//! WATCH: the newline-delimited JSON event stream, with synthetic ADDED for a start from
+//! scratch, resumption from the view's history, streaming lists (`sendInitialEvents`), bookmarks,
+//! selector-driven ADDED/DELETED, a bounded lifetime, and a bounded backlog per watcher.
+//!
+//! Live events reuse the frame the view encoded once; only frames that differ per watcher
+//! (synthetic ADDED, selector transitions, metadata-only renderings) are built here. A watcher
+//! whose backlog overflows (it reads slower than the link publishes) is closed: the client
+//! resumes from its last version, or relists on 410.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::stream;
+use serde_json::json;
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::time::{Instant, sleep_until};
+
+use super::list::{Render, partial_metadata, selected};
+use super::query::{Query, parse_rv};
+use super::resource::ResourceDef;
+use super::status::StatusError;
+use crate::view::{Event, EventType, ResumeError, Stored, View, frame};
+
+/// How often an idle watch with bookmarks gets one (the API server: about every minute).
+pub const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// Everything one watcher needs; it lives as long as the stream.
+struct Watcher {
+    def: &'static ResourceDef,
+    namespace: Option<String>,
+    query: Query,
+    render: Render,
+    rx: broadcast::Receiver<Event>,
+    initial: VecDeque<Arc<Stored>>,
+    initial_end_bookmark: bool,
+    last_rv: u64,
+    deadline: Instant,
+    next_bookmark: Instant,
+    done: bool,
+}
+
+/// Serves a WATCH. Errors known before the stream starts are HTTP errors, except an expired
+/// version, which clients only understand in-stream (kube-rs relists on that alone).
+pub fn watch(
+    view: &View,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    mut query: Query,
+    render: Render,
+) -> Result<Response, StatusError> {
+    if let Some(name) = name {
+        // The legacy `/<plural>/<name>?watch=true` form: a field selector on the name.
+        query.fields = super::selector::FieldFilter::parse(&format!("metadata.name={name}"))?;
+    }
+    let rv = query.resource_version.clone().unwrap_or_default();
+    let streaming = query.send_initial_events == Some(true);
+    let from_scratch = rv.is_empty() || rv == "0";
+    let (initial, rx, last_rv): (VecDeque<Arc<Stored>>, _, u64) = if from_scratch || streaming {
+        if !from_scratch {
+            // NotOlderThan a version: it must be one this incarnation issued.
+            match view.check_issued(parse_rv(&rv)?) {
+                Err(ResumeError::TooLarge) => return Err(StatusError::too_large(&rv)),
+                Err(ResumeError::Expired) => return Ok(expired_stream(&rv)),
+                Ok(()) => {}
+            }
+        }
+        let (snap, rx) = view.list_and_watch(def.kind);
+        let items = snap
+            .items
+            .into_iter()
+            .filter(|s| selected(s, namespace, &query))
+            .collect();
+        (items, rx, snap.resource_version)
+    } else {
+        let asked = parse_rv(&rv)?;
+        match view.watch_from(asked) {
+            Ok((events, rx)) => {
+                // History comes first: replay it through the same path as live events.
+                let mut w = Watcher::new(
+                    def,
+                    namespace,
+                    query,
+                    render,
+                    rx,
+                    VecDeque::new(),
+                    false,
+                    asked,
+                );
+                let replay: Vec<Bytes> = events.iter().filter_map(|e| w.render_event(e)).collect();
+                return Ok(w.into_response(replay));
+            }
+            Err(ResumeError::TooLarge) => return Err(StatusError::too_large(&rv)),
+            Err(ResumeError::Expired) => return Ok(expired_stream(&rv)),
+        }
+    };
+    let w = Watcher::new(
+        def, namespace, query, render, rx, initial, streaming, last_rv,
+    );
+    Ok(w.into_response(Vec::new()))
+}
+
+/// HTTP 200 with one ERROR event carrying a 410 Status, then the end.
+fn expired_stream(rv: &str) -> Response {
+    let status = StatusError::expired(rv).to_json();
+    let body = format!("{}\n", json!({ "type": "ERROR", "object": status }));
+    streaming_response(Body::from(body))
+}
+
+fn streaming_response(body: Body) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    resp
+}
+
+impl Watcher {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        query: Query,
+        render: Render,
+        rx: broadcast::Receiver<Event>,
+        initial: VecDeque<Arc<Stored>>,
+        initial_end_bookmark: bool,
+        last_rv: u64,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            def,
+            namespace: namespace.map(str::to_owned),
+            deadline: now + query.timeout,
+            next_bookmark: now + BOOKMARK_EVERY,
+            query,
+            render,
+            rx,
+            initial,
+            initial_end_bookmark,
+            last_rv,
+            done: false,
+        }
+    }
+
+    fn into_response(self, replay: Vec<Bytes>) -> Response {
+        let replay: VecDeque<Bytes> = replay.into();
+        let body = stream::unfold((self, replay), |(mut w, mut replay)| async move {
+            if let Some(b) = replay.pop_front() {
+                return Some((Ok::<Bytes, std::convert::Infallible>(b), (w, replay)));
+            }
+            let next = w.next_frame().await?;
+            Some((Ok(next), (w, replay)))
+        });
+        streaming_response(Body::from_stream(body))
+    }
+
+    /// The next frame to write, or `None` to end the stream.
+    async fn next_frame(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        if let Some(s) = self.initial.pop_front() {
+            return Some(self.object_frame(EventType::Added, &s));
+        }
+        if self.initial_end_bookmark {
+            self.initial_end_bookmark = false;
+            return Some(self.bookmark(true));
+        }
+        loop {
+            let bookmark_at = if self.query.bookmarks {
+                self.next_bookmark
+            } else {
+                self.deadline
+            };
+            tokio::select! {
+                ev = self.rx.recv() => match ev {
+                    Ok(ev) => {
+                        if let Some(b) = self.render_event(&ev) {
+                            return Some(b);
+                        }
+                    }
+                    // Too slow: close so the client resumes from its last version or relists.
+                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return None,
+                },
+                () = sleep_until(self.deadline) => {
+                    self.done = true;
+                    return self.query.bookmarks.then(|| self.bookmark(false));
+                }
+                () = sleep_until(bookmark_at), if self.query.bookmarks => {
+                    self.next_bookmark = Instant::now() + BOOKMARK_EVERY;
+                    return Some(self.bookmark(false));
+                }
+            }
+        }
+    }
+
+    /// The frame of a view event for this watcher, or `None` when it does not concern it.
+    fn render_event(&mut self, ev: &Event) -> Option<Bytes> {
+        if ev.resource_version <= self.last_rv {
+            return None;
+        }
+        // Every event moves the watcher's version on, so its bookmarks carry the view's latest
+        // version and a resume skips what this watcher did not need.
+        self.last_rv = ev.resource_version;
+        if ev.object.object.kind() != self.def.kind {
+            return None;
+        }
+        let (ns, q) = (self.namespace.as_deref(), &self.query);
+        let now_in = selected(&ev.object, ns, q);
+        let kind = match (ev.kind, &ev.previous) {
+            (EventType::Modified, Some(prev)) => match (selected(prev, ns, q), now_in) {
+                (true, true) => EventType::Modified,
+                (false, true) => EventType::Added,
+                (true, false) => EventType::Deleted,
+                (false, false) => return None,
+            },
+            (k, _) if now_in => k,
+            _ => return None,
+        };
+        if kind == ev.kind && self.render == Render::Full {
+            // The common case: the frame the view encoded once.
+            return Some(ev.frame.clone());
+        }
+        Some(self.object_frame(kind, &ev.object))
+    }
+
+    fn object_frame(&self, kind: EventType, s: &Stored) -> Bytes {
+        match self.render {
+            Render::Full => frame(kind.as_str(), &s.json),
+            Render::Metadata | Render::Table => {
+                let meta = serde_json::to_vec(&partial_metadata(s)).unwrap_or_default();
+                frame(kind.as_str(), &meta)
+            }
+        }
+    }
+
+    fn bookmark(&self, initial_events_end: bool) -> Bytes {
+        let (kind, api_version) = match self.render {
+            Render::Full => (self.def.kind.name().to_owned(), self.def.api_version()),
+            _ => (
+                "PartialObjectMetadata".to_owned(),
+                "meta.k8s.io/v1".to_owned(),
+            ),
+        };
+        let mut meta = json!({ "resourceVersion": self.last_rv.to_string() });
+        if initial_events_end {
+            meta["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+        }
+        let obj = json!({ "kind": kind, "apiVersion": api_version, "metadata": meta });
+        frame("BOOKMARK", obj.to_string().as_bytes())
+    }
+}
