@@ -1,7 +1,87 @@
-//! Floodgate's end-to-end home: the remote-cluster simulator (kube-sim), churn drivers that replay
-//! the incidents, scenario tests, side-by-side benchmarks and the demo.
-//!
-//! Today it holds the demo, which replays the discovery-flood incident through the churn engine
-//! in-process; kube-sim and the network scenarios build on the Kubernetes facade.
+//! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
+//! over a writable store, [`sim`]), the drivers that make it behave like a cluster
+//! ([`drivers`]), the scenario tests in `tests/`, and the demo (`src/bin/demo.rs`).
 
 #![forbid(unsafe_code)]
+
+pub mod drivers;
+pub mod sim;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::sim::{SimApi, SimStore};
+
+/// A kube-sim serving on loopback.
+#[derive(Debug)]
+pub struct RunningSim {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The API (its store and request counters).
+    pub api: Arc<SimApi>,
+    /// The token that opens it.
+    pub token: String,
+    /// The CA its certificate chains to (PEM).
+    pub ca_pem: String,
+    task: JoinHandle<()>,
+}
+
+impl RunningSim {
+    /// Starts kube-sim over `store` on `127.0.0.1:0`, over TLS with a fresh self-signed CA.
+    pub async fn start(store: Arc<SimStore>, token: &str) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve(listener, store, token)
+    }
+
+    /// Serves kube-sim over `store` on `listener`, over TLS.
+    pub fn serve(listener: TcpListener, store: Arc<SimStore>, token: &str) -> anyhow::Result<Self> {
+        let addr = listener.local_addr()?;
+        let tls = floodgate::tls::self_signed(&["127.0.0.1".into(), "localhost".into()])?;
+        let config = floodgate::tls::server_config(&tls)?;
+        let api = Arc::new(SimApi::new(store, token));
+        let router = floodgate::kubeapi::router(api.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) =
+                floodgate::tls::serve_tls(listener, config, router, std::future::pending()).await
+            {
+                eprintln!("kube-sim: server stopped: {e}");
+            }
+        });
+        Ok(Self {
+            addr,
+            api,
+            token: token.to_owned(),
+            ca_pem: tls.ca_pem,
+            task,
+        })
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// A kubeconfig that reaches it (server, CA, token).
+    pub fn kubeconfig(&self) -> String {
+        sim::kubeconfig(&self.url(), &self.token, Some(&self.ca_pem), "kube-sim")
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<SimStore> {
+        self.api.store()
+    }
+
+    /// Stops serving (the remote goes away).
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for RunningSim {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

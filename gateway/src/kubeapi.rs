@@ -92,6 +92,26 @@ pub trait ApiStore: Send + Sync + 'static {
     }
 }
 
+/// A shared store serves as the store itself (the simulator's drivers write into the store the
+/// server reads).
+impl<T: ApiStore> ApiStore for Arc<T> {
+    fn view(&self) -> &View {
+        T::view(self)
+    }
+    fn served(&self) -> Vec<&'static ResourceDef> {
+        T::served(self)
+    }
+    fn version(&self) -> Value {
+        T::version(self)
+    }
+    fn ready(&self) -> Result<(), StatusError> {
+        T::ready(self)
+    }
+    fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
+        T::write(self, w)
+    }
+}
+
 /// Request counters (the simulator's tests assert upstream load with them).
 #[derive(Debug, Default)]
 pub struct ApiCounters {

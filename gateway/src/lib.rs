@@ -5,6 +5,7 @@
 //! - [`churn`]: the pure engine of one link: coalesce, rate-limit, cap, detect floods, quarantine.
 //! - [`view`]: the published, versioned store consumers read, with history and fan-out.
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
+//! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
 
 #![forbid(unsafe_code)]
@@ -12,4 +13,5 @@
 pub mod churn;
 pub mod cli;
 pub mod kubeapi;
+pub mod tls;
 pub mod view;

@@ -1,0 +1,352 @@
+//! Drivers that make kube-sim behave like a cluster: Services, Deployments whose pods crash-loop,
+//! and the EndpointSlice and Endpoints controllers.
+//!
+//! The EndpointSlice controller's behaviour that consumers see is modelled: at most 100 endpoints
+//! per slice, the service's labels copied onto its slices with `kubernetes.io/service-name`,
+//! ready/serving/terminating conditions, a `targetRef` to each pod; the Endpoints controller's
+//! object kept in step (truncated at 1000 addresses with the `over-capacity` annotation, as the
+//! real one does). Only slices holding a changed pod are rewritten, as the real controller does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use floodgate::churn::object::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
+use floodgate::kubeapi::ApiStore;
+use k8s_openapi::api::core::v1::{
+    ContainerStatus, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference,
+    Pod, PodStatus, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::{self as discovery, EndpointConditions, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+
+use crate::sim::SimStore;
+
+/// Endpoints per slice, as the EndpointSlice controller does by default.
+pub const SLICE_SIZE: usize = 100;
+/// Addresses per core/v1 Endpoints before the controller truncates it.
+pub const ENDPOINTS_MAX: usize = 1000;
+/// The label Linkerd exports services with.
+pub const EXPORTED: &str = "mirror.linkerd.io/exported";
+
+#[derive(Clone, Debug)]
+struct PodModel {
+    index: u32,
+    ip: String,
+    ready: bool,
+    restarts: i32,
+}
+
+#[derive(Clone, Debug)]
+struct ServiceModel {
+    labels: BTreeMap<String, String>,
+    pods: Vec<PodModel>,
+    next_index: u32,
+    slices: usize,
+}
+
+/// A simulated namespace of services and their deployments, writing into a [`SimStore`].
+#[derive(Debug)]
+pub struct Cluster {
+    store: Arc<SimStore>,
+    namespace: String,
+    services: BTreeMap<String, ServiceModel>,
+    next_ip: u32,
+    flip_cursor: usize,
+    /// Every object's creationTimestamp: the cluster's start (stable, so rewrites of an object
+    /// that change nothing else publish nothing).
+    born: Time,
+}
+
+impl Cluster {
+    /// A cluster writing objects of `namespace` into `store`.
+    pub fn new(store: Arc<SimStore>, namespace: &str) -> Self {
+        Self {
+            store,
+            namespace: namespace.to_owned(),
+            services: BTreeMap::new(),
+            next_ip: 1,
+            flip_cursor: 0,
+            born: Time(jiff::Timestamp::now()),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<SimStore> {
+        &self.store
+    }
+
+    fn meta(&self, name: &str, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            uid: Some(format!("uid-{}-{name}", self.namespace)),
+            creation_timestamp: Some(self.born.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Creates a service (exported with `remote-discovery` when `exported`) and its
+    /// Deployment's ReplicaSet, with no pods.
+    pub fn add_service(&mut self, name: &str, exported: bool) {
+        let mut labels: BTreeMap<String, String> = [("app".to_owned(), name.to_owned())].into();
+        if exported {
+            labels.insert(EXPORTED.to_owned(), "remote-discovery".to_owned());
+        }
+        let svc = Service {
+            metadata: self.meta(name, labels.clone()),
+            spec: Some(ServiceSpec {
+                selector: Some([("app".to_owned(), name.to_owned())].into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    port: 8080,
+                    ..Default::default()
+                }]),
+                type_: Some("ClusterIP".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let rs = self.meta(
+            &format!("{name}-rs"),
+            [("app".to_owned(), name.to_owned())].into(),
+        );
+        self.store.apply([
+            Object::Service(Arc::new(svc)),
+            Object::ReplicaSet(Arc::new(rs)),
+        ]);
+        self.services.insert(
+            name.to_owned(),
+            ServiceModel {
+                labels,
+                pods: Vec::new(),
+                next_index: 0,
+                slices: 0,
+            },
+        );
+    }
+
+    /// Scales a service's Deployment to `replicas` pods; new pods start `ready` or not.
+    pub fn scale(&mut self, name: &str, replicas: usize, ready: bool) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        let mut changed = BTreeSet::new();
+        let mut removed = Vec::new();
+        while svc.pods.len() > replicas {
+            if let Some(p) = svc.pods.pop() {
+                removed.push(ObjKey {
+                    kind: Kind::Pod,
+                    id: NsName::new(&self.namespace, &format!("{name}-{}", p.index)),
+                });
+                changed.insert(svc.pods.len() / SLICE_SIZE);
+            }
+        }
+        while svc.pods.len() < replicas {
+            let ip = self.next_ip;
+            self.next_ip += 1;
+            svc.pods.push(PodModel {
+                index: svc.next_index,
+                ip: format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255),
+                ready,
+                restarts: 0,
+            });
+            svc.next_index += 1;
+            changed.insert((svc.pods.len() - 1) / SLICE_SIZE);
+        }
+        let new_pods: Vec<Object> = svc.pods.iter().map(|p| self.pod(name, p)).collect();
+        self.store.delete(removed);
+        self.store.apply(new_pods);
+        self.sync(name, &mut svc, &changed);
+        self.services.insert(name.to_owned(), svc);
+    }
+
+    /// One step of a crash loop: `count` pods of the service flip between ready and crashed
+    /// (round robin), and the controllers follow.
+    pub fn crash_loop_step(&mut self, name: &str, count: usize) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        let n = svc.pods.len();
+        let mut changed = BTreeSet::new();
+        let mut pods = Vec::new();
+        for _ in 0..count.min(n) {
+            let i = self.flip_cursor % n;
+            self.flip_cursor += 1;
+            let p = &mut svc.pods[i];
+            p.ready = !p.ready;
+            if !p.ready {
+                p.restarts += 1;
+            }
+            changed.insert(i / SLICE_SIZE);
+            pods.push(self.pod(name, &svc.pods[i]));
+        }
+        self.store.apply(pods);
+        self.sync(name, &mut svc, &changed);
+        self.services.insert(name.to_owned(), svc);
+    }
+
+    /// Replaces pod `i` of a service by a new one with a new address (a rollout step).
+    pub fn roll_pod(&mut self, name: &str, i: usize) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        if i < svc.pods.len() {
+            let ip = self.next_ip;
+            self.next_ip += 1;
+            svc.pods[i].ip = format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+            let pod = self.pod(name, &svc.pods[i]);
+            self.store.apply([pod]);
+            self.sync(name, &mut svc, &BTreeSet::from([i / SLICE_SIZE]));
+        }
+        self.services.insert(name.to_owned(), svc);
+    }
+
+    /// Changes a service's labels (moving it in or out of a selector); its slices follow.
+    pub fn relabel(&mut self, name: &str, key: &str, value: Option<&str>) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        match value {
+            Some(v) => svc.labels.insert(key.to_owned(), v.to_owned()),
+            None => svc.labels.remove(key),
+        };
+        let current = self.store.view().get(&ObjKey {
+            kind: Kind::Service,
+            id: NsName::new(&self.namespace, name),
+        });
+        if let Some(Object::Service(s)) = current.map(|c| c.object.clone()) {
+            let mut s = Service::clone(&s);
+            s.metadata.labels = Some(svc.labels.clone());
+            self.store.apply([Object::Service(Arc::new(s))]);
+        }
+        let all: BTreeSet<usize> = (0..svc.slices).collect();
+        self.sync(name, &mut svc, &all);
+        self.services.insert(name.to_owned(), svc);
+    }
+
+    fn pod(&self, svc: &str, p: &PodModel) -> Object {
+        let mut meta = self.meta(
+            &format!("{svc}-{}", p.index),
+            [("app".to_owned(), svc.to_owned())].into(),
+        );
+        meta.owner_references = Some(vec![OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: format!("{svc}-rs"),
+            uid: format!("rs-{svc}"),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        Object::Pod(Arc::new(Pod {
+            metadata: meta,
+            spec: None,
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(p.ip.clone()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "app".into(),
+                    ready: p.ready,
+                    restart_count: p.restarts,
+                    image: "app:1".into(),
+                    image_id: String::new(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }))
+    }
+
+    /// The EndpointSlice and Endpoints controllers: rewrites the slices in `changed` (and drops
+    /// slices past the end), and the Endpoints object.
+    fn sync(&self, name: &str, svc: &mut ServiceModel, changed: &BTreeSet<usize>) {
+        let mut labels = svc.labels.clone();
+        labels.insert(SERVICE_NAME_LABEL.to_owned(), name.to_owned());
+        labels.insert(
+            "endpointslice.kubernetes.io/managed-by".to_owned(),
+            "endpointslice-controller.k8s.io".to_owned(),
+        );
+        let wanted = svc.pods.len().div_ceil(SLICE_SIZE);
+        let mut objects = Vec::new();
+        for n in changed.iter().copied().filter(|n| *n < wanted) {
+            let chunk = &svc.pods[n * SLICE_SIZE..((n + 1) * SLICE_SIZE).min(svc.pods.len())];
+            let endpoints = chunk
+                .iter()
+                .map(|p| discovery::Endpoint {
+                    addresses: vec![p.ip.clone()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(p.ready),
+                        serving: Some(p.ready),
+                        terminating: Some(false),
+                    }),
+                    target_ref: Some(ObjectReference {
+                        kind: Some("Pod".into()),
+                        name: Some(format!("{name}-{}", p.index)),
+                        namespace: Some(self.namespace.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            objects.push(Object::EndpointSlice(Arc::new(EndpointSlice {
+                address_type: "IPv4".into(),
+                endpoints: Some(endpoints),
+                metadata: self.meta(&format!("{name}-{n:05}"), labels.clone()),
+                ports: Some(vec![discovery::EndpointPort {
+                    name: Some("http".into()),
+                    port: Some(8080),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+            })));
+        }
+        let stale: Vec<ObjKey> = (wanted..svc.slices)
+            .map(|n| ObjKey {
+                kind: Kind::EndpointSlice,
+                id: NsName::new(&self.namespace, &format!("{name}-{n:05}")),
+            })
+            .collect();
+        svc.slices = wanted;
+
+        let addr = |p: &PodModel| EndpointAddress {
+            ip: p.ip.clone(),
+            target_ref: Some(ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(format!("{name}-{}", p.index)),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shown = &svc.pods[..svc.pods.len().min(ENDPOINTS_MAX)];
+        let ready: Vec<_> = shown.iter().filter(|p| p.ready).map(addr).collect();
+        let not_ready: Vec<_> = shown.iter().filter(|p| !p.ready).map(addr).collect();
+        let mut meta = self.meta(name, svc.labels.clone());
+        if svc.pods.len() > ENDPOINTS_MAX {
+            meta.annotations = Some(
+                [(
+                    "endpoints.kubernetes.io/over-capacity".to_owned(),
+                    "truncated".to_owned(),
+                )]
+                .into(),
+            );
+        }
+        objects.push(Object::Endpoints(Arc::new(Endpoints {
+            metadata: meta,
+            subsets: (!svc.pods.is_empty()).then(|| {
+                vec![EndpointSubset {
+                    addresses: (!ready.is_empty()).then_some(ready),
+                    not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
+                    ports: Some(vec![EndpointPort {
+                        name: Some("http".into()),
+                        port: 8080,
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    }]),
+                }]
+            }),
+        })));
+        self.store.apply(objects);
+        self.store.delete(stale);
+    }
+}

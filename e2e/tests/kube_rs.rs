@@ -1,0 +1,195 @@
+//! kube-rs's `watcher` (a client we did not write) against kube-sim, over TLS, with both initial
+//! list strategies: initial sync, changes, selector moves, timeouts with resumption, and the 410
+//! relist once a watcher's version has left the history.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate_e2e::RunningSim;
+use floodgate_e2e::drivers::{Cluster, EXPORTED};
+use floodgate_e2e::sim::SimStore;
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+
+async fn client(sim: &RunningSim) -> Client {
+    let kc = kube::config::Kubeconfig::from_yaml(&sim.kubeconfig()).expect("kubeconfig parses");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(cfg).expect("client")
+}
+
+/// The next event, within a deadline.
+async fn next<K>(s: &mut (impl Stream<Item = watcher::Result<Event<K>>> + Unpin)) -> Event<K> {
+    tokio::time::timeout(Duration::from_secs(10), s.next())
+        .await
+        .expect("an event within 10 s")
+        .expect("the stream goes on")
+        .expect("no watcher error")
+}
+
+fn name<K: kube::Resource>(k: &K) -> String {
+    k.meta().name.clone().unwrap_or_default()
+}
+
+/// Names applied during an initial list, once it is done.
+async fn initial_names<K: kube::Resource>(
+    s: &mut (impl Stream<Item = watcher::Result<Event<K>>> + Unpin),
+) -> Vec<String> {
+    let mut names = Vec::new();
+    loop {
+        match next(s).await {
+            Event::Init => names.clear(),
+            Event::InitApply(k) => names.push(name(&k)),
+            Event::InitDone => break,
+            Event::Apply(_) | Event::Delete(_) => {}
+        }
+    }
+    names.sort();
+    names
+}
+
+async fn sync_and_follow(streaming: bool) {
+    let store = Arc::new(SimStore::new(11, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for (svc, exported) in [("web", true), ("api", true), ("db", false)] {
+        cluster.add_service(svc, exported);
+    }
+    let sim = RunningSim::start(store, "secret").await.expect("sim");
+    let api: Api<Service> = Api::all(client(&sim).await);
+    let mut cfg = watcher::Config::default().labels(EXPORTED);
+    if streaming {
+        cfg = cfg.streaming_lists();
+    }
+    let mut w = watcher::watcher(api, cfg).boxed();
+
+    assert_eq!(
+        initial_names(&mut w).await,
+        ["api", "web"],
+        "only exported services"
+    );
+    cluster.add_service("cache", true);
+    assert!(matches!(next(&mut w).await, Event::Apply(s) if name(&s) == "cache"));
+    cluster.relabel("web", EXPORTED, None);
+    assert!(
+        matches!(next(&mut w).await, Event::Delete(s) if name(&s) == "web"),
+        "leaving the selector is a deletion"
+    );
+    cluster.relabel("db", EXPORTED, Some("true"));
+    assert!(
+        matches!(next(&mut w).await, Event::Apply(s) if name(&s) == "db"),
+        "entering it is an addition"
+    );
+
+    let c = sim.api.counters.snapshot();
+    if streaming {
+        assert_eq!(c.lists, 0, "a streaming list needs no LIST");
+    } else {
+        assert_eq!(c.lists, 1);
+    }
+    assert!(c.watches >= 1);
+}
+
+#[tokio::test]
+async fn list_then_watch_syncs_and_follows_selector_moves() {
+    sync_and_follow(false).await;
+}
+
+#[tokio::test]
+async fn streaming_list_syncs_and_follows_selector_moves() {
+    sync_and_follow(true).await;
+}
+
+/// A watch that times out resumes from its last version: no duplicate, no relist.
+#[tokio::test]
+async fn timed_out_watches_resume_without_duplicates() {
+    let store = Arc::new(SimStore::new(12, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 3, true);
+    let sim = RunningSim::start(store, "secret").await.expect("sim");
+    let api: Api<EndpointSlice> = Api::all(client(&sim).await);
+    let mut w = watcher::watcher(api, watcher::Config::default().timeout(1)).boxed();
+    assert_eq!(initial_names(&mut w).await, ["web-00000"]);
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        cluster.roll_pod("web", i);
+        match next(&mut w).await {
+            Event::Apply(s) => seen.push(s.endpoints.unwrap_or_default()[i].addresses[0].clone()),
+            other => panic!("expected an update, got {other:?}"),
+        }
+        // Let the 1 s watch expire between changes.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "each change exactly once: {seen:?}");
+    let c = sim.api.counters.snapshot();
+    assert_eq!(c.lists, 1, "resumed, never relisted");
+    assert!(c.watches >= 3, "the watch was renewed: {c:?}");
+}
+
+/// Once a watcher's version has left the history, its resume gets an in-stream 410 and it
+/// relists.
+#[tokio::test]
+async fn an_expired_version_makes_kube_rs_relist() {
+    let store = Arc::new(SimStore::new(13, 20));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 3, true);
+    cluster.add_service("other", false);
+    cluster.scale("other", 1, true);
+    let sim = RunningSim::start(store, "secret").await.expect("sim");
+    let api: Api<Service> = Api::all(client(&sim).await);
+    // No bookmarks: the watcher's version only moves with its own kind.
+    let mut w = watcher::watcher(
+        api,
+        watcher::Config::default().timeout(1).disable_bookmarks(),
+    )
+    .boxed();
+    assert_eq!(initial_names(&mut w).await, ["other", "web"]);
+    // 30 crash-loop steps (pods, slices, Endpoints: 90 changes, no Service among them) push
+    // the watcher's version out of a 20-change history.
+    for _ in 0..30 {
+        cluster.crash_loop_step("other", 1);
+    }
+    // When its 1 s watch ends it resumes from that version, gets the in-stream 410 (which
+    // kube-rs reports as an error item), and relists.
+    let item = tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .expect("an item")
+        .expect("stream");
+    match item {
+        Err(watcher::Error::WatchError(status)) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected the 410, got {other:?}"),
+    }
+    assert!(
+        matches!(next(&mut w).await, Event::Init),
+        "kube-rs relisted after the 410"
+    );
+    assert_eq!(initial_names_after_init(&mut w).await, ["other", "web"]);
+    assert_eq!(sim.api.counters.snapshot().lists, 2);
+}
+
+/// Names applied during an initial list whose `Init` was already received.
+async fn initial_names_after_init<K: kube::Resource>(
+    s: &mut (impl Stream<Item = watcher::Result<Event<K>>> + Unpin),
+) -> Vec<String> {
+    let mut names = Vec::new();
+    loop {
+        match next(s).await {
+            Event::InitApply(k) => names.push(name(&k)),
+            Event::InitDone => break,
+            other => panic!(
+                "unexpected {:?} during a relist",
+                std::mem::discriminant(&other)
+            ),
+        }
+    }
+    names.sort();
+    names
+}

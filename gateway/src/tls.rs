@@ -1,0 +1,155 @@
+//! TLS for the facade: a server config from PEM files, or a self-signed CA and serving
+//! certificate generated at start (its CA goes into the kubeconfigs consumers use), and the
+//! accept loop that serves a router over TLS (HTTP/1.1 and HTTP/2 by ALPN).
+//!
+//! Each connection is its own task; a failed handshake or a broken connection ends only that
+//! task. Handshakes have a deadline so a client that connects and says nothing holds nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client has to complete the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// Generating the self-signed pair failed.
+    #[error("generating a self-signed certificate failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// The PEM could not be read.
+    #[error("reading PEM failed: {0}")]
+    Pem(String),
+    /// rustls refused the pair.
+    #[error("the certificate and key do not make a TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// A serving certificate chain and key, and the CA that clients must trust.
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    /// The serving certificate (PEM).
+    pub cert_pem: String,
+    /// Its private key (PEM).
+    pub key_pem: String,
+    /// The CA certificate clients trust (PEM); the serving certificate itself when given files.
+    pub ca_pem: String,
+}
+
+/// A fresh CA and a serving certificate signed by it for `hosts` (DNS names or IP addresses).
+pub fn self_signed(hosts: &[String]) -> Result<TlsMaterial, TlsError> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "Floodgate CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let mut leaf = CertificateParams::new(hosts.to_vec())?;
+    leaf.distinguished_name
+        .push(DnType::CommonName, "floodgate");
+    let cert = leaf.signed_by(&key, &ca)?;
+    Ok(TlsMaterial {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        ca_pem: ca.pem(),
+    })
+}
+
+/// A rustls server configuration for the material, offering HTTP/2 and HTTP/1.1.
+pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(m.cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem(format!("certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes())
+        .map_err(|e| TlsError::Pem(format!("key: {e}")))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` completes; connections already open
+/// are left to finish on their own.
+pub async fn serve_tls(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let acceptor = TlsAcceptor::from(config);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of file descriptors and the like: wait a little rather than spin.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            if let Err(e) = auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_self_signed_pair_makes_a_server_config() {
+        let m = self_signed(&["localhost".into(), "127.0.0.1".into()]).expect("generate");
+        assert!(m.ca_pem.contains("BEGIN CERTIFICATE") && m.key_pem.contains("PRIVATE KEY"));
+        let cfg = server_config(&m).expect("config");
+        assert_eq!(cfg.alpn_protocols[0], b"h2");
+        let broken = TlsMaterial {
+            key_pem: "nope".into(),
+            ..m
+        };
+        assert!(server_config(&broken).is_err());
+    }
+}
