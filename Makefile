@@ -9,8 +9,17 @@ DEMO_ARGS ?=
 demo:
 	$(CARGO) run --release --locked -q -p floodgate-e2e --bin demo -- $(DEMO_ARGS)
 
-## test: the whole suite (unit, property, integration, doc tests), built once, run in parallel.
-test:
+# The Python kubernetes client the client tests drive, in a virtualenv of its own.
+PY_VENV := $(CURDIR)/target/py-venv
+export FLOODGATE_PYTHON := $(PY_VENV)/bin/python
+
+$(PY_VENV)/bin/python:
+	python3 -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet kubernetes
+
+## test: the whole suite (unit, property, integration with kubectl, kube-rs and the Python
+## client, doc tests), built once, run in parallel.
+test: $(PY_VENV)/bin/python
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
 

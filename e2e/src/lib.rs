@@ -80,6 +80,82 @@ impl RunningSim {
     }
 }
 
+/// Floodgate's facade serving links from views, over TLS on `127.0.0.1:0` (for tests that point
+/// real clients at a link before the whole gateway runs them).
+#[derive(Debug)]
+pub struct RunningFacade {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The CA its certificate chains to (PEM).
+    pub ca_pem: String,
+    /// The links' APIs by name (for their counters).
+    pub apis:
+        std::collections::HashMap<String, Arc<floodgate::kubeapi::Api<floodgate::view::View>>>,
+    tokens: std::collections::HashMap<String, String>,
+    task: JoinHandle<()>,
+}
+
+impl RunningFacade {
+    /// Serves each `(name, token, view)` under `/links/<name>/`.
+    pub async fn start(links: Vec<(&str, &str, floodgate::view::View)>) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let tls = floodgate::tls::self_signed(&["127.0.0.1".into(), "localhost".into()])?;
+        let config = floodgate::tls::server_config(&tls)?;
+        let apis: std::collections::HashMap<_, _> = links
+            .iter()
+            .map(|(name, token, view)| {
+                (
+                    (*name).to_owned(),
+                    Arc::new(floodgate::kubeapi::Api::new(view.clone(), *token)),
+                )
+            })
+            .collect();
+        let tokens = links
+            .iter()
+            .map(|(n, t, _)| ((*n).to_owned(), (*t).to_owned()))
+            .collect();
+        let router = floodgate::kubeapi::links_router(Arc::new(floodgate::kubeapi::Links::new(
+            apis.clone(),
+        )));
+        let task = tokio::spawn(async move {
+            if let Err(e) =
+                floodgate::tls::serve_tls(listener, config, router, std::future::pending()).await
+            {
+                eprintln!("facade: server stopped: {e}");
+            }
+        });
+        Ok(Self {
+            addr,
+            ca_pem: tls.ca_pem,
+            apis,
+            tokens,
+            task,
+        })
+    }
+
+    /// The kubeconfig a consumer of link `name` uses.
+    pub fn kubeconfig(&self, name: &str) -> String {
+        let token = self
+            .tokens
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_default();
+        sim::kubeconfig(
+            &format!("https://{}/links/{name}", self.addr),
+            token,
+            Some(&self.ca_pem),
+            name,
+        )
+    }
+}
+
+impl Drop for RunningFacade {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl Drop for RunningSim {
     fn drop(&mut self) {
         self.task.abort();

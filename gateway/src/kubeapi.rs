@@ -92,6 +92,13 @@ pub trait ApiStore: Send + Sync + 'static {
     }
 }
 
+/// A view on its own serves read-only, with every resource and a default version.
+impl ApiStore for View {
+    fn view(&self) -> &View {
+        self
+    }
+}
+
 /// A shared store serves as the store itself (the simulator's drivers write into the store the
 /// server reads).
 impl<T: ApiStore> ApiStore for Arc<T> {
@@ -432,8 +439,11 @@ async fn dispatch<S: ApiStore>(
             let q = Query::parse(raw_query)?;
             let render = negotiate(headers)?;
             if q.watch {
+                let resp = watch::watch(store.view(), def, namespace, name, q, render)?;
+                // Counted once the watcher is subscribed: a test that waits for the count knows
+                // every later change reaches it.
                 bump(&api.counters.watches);
-                return watch::watch(store.view(), def, namespace, name, q, render);
+                return Ok(resp);
             }
             match name {
                 Some(name) => {

@@ -217,12 +217,11 @@ pub fn table_columns(kind: Kind) -> Vec<Value> {
 pub fn table_cells(kind: Kind, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
     let name = o["metadata"]["name"].clone();
     let age = Value::String(age(&o["metadata"]["creationTimestamp"], now));
-    let join = |items: Vec<String>, none: &str| {
-        if items.is_empty() {
-            none.to_owned()
-        } else {
-            items.join(",")
-        }
+    // kubectl's printers show three entries and count the rest.
+    let join = |items: Vec<String>, none: &str| match items.len() {
+        0 => none.to_owned(),
+        1..=3 => items.join(","),
+        n => format!("{} + {} more...", items[..3].join(","), n - 3),
     };
     match kind {
         Kind::Service => {
@@ -264,9 +263,14 @@ pub fn table_cells(kind: Kind, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
             let addrs: Vec<String> = arr(&o["subsets"])
                 .iter()
                 .flat_map(|s| {
+                    let port = arr(&s["ports"]).first().map(|p| p["port"].to_string());
                     arr(&s["addresses"])
                         .iter()
-                        .filter_map(|a| a["ip"].as_str().map(str::to_owned))
+                        .filter_map(|a| a["ip"].as_str())
+                        .map(|ip| match &port {
+                            Some(p) => format!("{ip}:{p}"),
+                            None => ip.to_owned(),
+                        })
                         .collect::<Vec<_>>()
                 })
                 .collect();
