@@ -43,6 +43,29 @@ pub const MAX_BODY: usize = 1024 * 1024;
 /// How long a request to a link that has not synced yet waits before a 503.
 pub const COLD_WAIT: Duration = Duration::from_secs(5);
 
+/// Open watches one API serves at most; one more gets 429 with `retryAfterSeconds`. A watcher
+/// costs a task, a broadcast receiver and its connection: 10,000 of them is a few hundred MiB
+/// at worst, far past what a link's consumers need (a handful of informers per controller).
+pub const DEFAULT_MAX_WATCHES: usize = 10_000;
+
+/// The bounds an API enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// How long a request waits for a cold store before a 503.
+    pub cold_wait: Duration,
+    /// Open watches at most.
+    pub max_watches: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            cold_wait: COLD_WAIT,
+            max_watches: DEFAULT_MAX_WATCHES,
+        }
+    }
+}
+
 /// A write the facade passes on to its store.
 #[derive(Debug)]
 pub struct Write<'a> {
@@ -178,18 +201,34 @@ fn bump(a: &AtomicU64) {
 pub struct Api<S> {
     store: S,
     token: String,
+    limits: Limits,
+    watch_slots: Arc<tokio::sync::Semaphore>,
     /// Request counters.
     pub counters: ApiCounters,
 }
 
 impl<S: ApiStore> Api<S> {
-    /// An API over `store`, opened by `token`.
+    /// An API over `store`, opened by `token`, with the default limits.
     pub fn new(store: S, token: impl Into<String>) -> Self {
+        Self::with_limits(store, token, Limits::default())
+    }
+
+    /// An API with explicit limits.
+    pub fn with_limits(store: S, token: impl Into<String>, limits: Limits) -> Self {
         Self {
             store,
             token: token.into(),
+            limits,
+            watch_slots: Arc::new(tokio::sync::Semaphore::new(limits.max_watches)),
             counters: ApiCounters::default(),
         }
+    }
+
+    /// Watches open now.
+    pub fn open_watches(&self) -> usize {
+        self.limits
+            .max_watches
+            .saturating_sub(self.watch_slots.available_permits())
     }
 
     /// The store.
@@ -435,11 +474,23 @@ async fn dispatch<S: ApiStore>(
                 bump(&api.counters.writes);
                 return Ok(json(v, code));
             }
-            wait_ready(store).await?;
+            wait_ready(store, api.limits.cold_wait).await?;
             let q = Query::parse(raw_query)?;
             let render = negotiate(headers)?;
             if q.watch {
-                let resp = watch::watch(store.view(), def, namespace, name, q, render)?;
+                let Ok(slot) = api.watch_slots.clone().try_acquire_owned() else {
+                    return Err(StatusError {
+                        details: Some(serde_json::json!({ "retryAfterSeconds": 1 })),
+                        ..StatusError::new(
+                            Reason::TooManyRequests,
+                            format!(
+                                "too many open watches on this link (at most {})",
+                                api.limits.max_watches
+                            ),
+                        )
+                    });
+                };
+                let resp = watch::watch(store.view(), def, namespace, name, q, render, slot)?;
                 // Counted once the watcher is subscribed: a test that waits for the count knows
                 // every later change reaches it.
                 bump(&api.counters.watches);
@@ -463,8 +514,8 @@ async fn dispatch<S: ApiStore>(
     }
 }
 
-async fn wait_ready<S: ApiStore>(store: &S) -> Result<(), StatusError> {
-    let deadline = tokio::time::Instant::now() + COLD_WAIT;
+async fn wait_ready<S: ApiStore>(store: &S, wait: Duration) -> Result<(), StatusError> {
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         match store.ready() {
             Ok(()) => return Ok(()),

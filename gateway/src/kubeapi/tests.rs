@@ -573,3 +573,61 @@ async fn a_watcher_that_never_reads_is_closed() {
         "closed after {frames} frames instead of being fed everything"
     );
 }
+
+struct Cold(View);
+
+impl ApiStore for Cold {
+    fn view(&self) -> &View {
+        &self.0
+    }
+    fn ready(&self) -> Result<(), super::status::StatusError> {
+        Err(super::status::StatusError::unavailable(
+            "link east has not completed its first sync",
+            1,
+        ))
+    }
+}
+
+#[tokio::test]
+async fn a_cold_link_answers_503_with_retry_after_and_watches_are_bounded() {
+    let limits = super::Limits {
+        cold_wait: std::time::Duration::from_millis(200),
+        max_watches: 1,
+    };
+    let cold = router(Arc::new(Api::with_limits(Cold(mk_view()), "t0k3n", limits)));
+    let (code, v) = call(cold, "GET", "/api/v1/services", Some("t0k3n"), "").await;
+    assert_eq!(
+        (code.as_u16(), v["reason"].as_str()),
+        (503, Some("ServiceUnavailable"))
+    );
+    assert_eq!(v["details"]["retryAfterSeconds"], 1);
+
+    let api = Arc::new(Api::with_limits(mk_view(), "t0k3n", limits));
+    let (_, mut first) =
+        Frames::open(router(api.clone()), "/api/v1/services?watch=true", None).await;
+    assert!(first.next().await.is_some());
+    assert_eq!(api.open_watches(), 1);
+    let (code, v) = call(
+        router(api.clone()),
+        "GET",
+        "/api/v1/services?watch=true",
+        Some("t0k3n"),
+        "",
+    )
+    .await;
+    assert_eq!(
+        (code.as_u16(), v["reason"].as_str()),
+        (429, Some("TooManyRequests"))
+    );
+    drop(first);
+    // The slot is released with the stream.
+    let (code, _) = call(
+        router(api.clone()),
+        "GET",
+        "/api/v1/services?watch=true&timeoutSeconds=1",
+        Some("t0k3n"),
+        "",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+}

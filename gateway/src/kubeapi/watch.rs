@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::stream;
 use serde_json::json;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::{Instant, sleep_until};
 
@@ -42,6 +43,8 @@ struct Watcher {
     deadline: Instant,
     next_bookmark: Instant,
     done: bool,
+    /// The API's watch slot, held for the stream's life.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 /// Serves a WATCH. Errors known before the stream starts are HTTP errors, except an expired
@@ -53,6 +56,7 @@ pub fn watch(
     name: Option<&str>,
     mut query: Query,
     render: Render,
+    slot: OwnedSemaphorePermit,
 ) -> Result<Response, StatusError> {
     if let Some(name) = name {
         // The legacy `/<plural>/<name>?watch=true` form: a field selector on the name.
@@ -92,6 +96,7 @@ pub fn watch(
                     false,
                     asked,
                 );
+                w.slot = Some(slot);
                 let replay: Vec<Bytes> = events.iter().filter_map(|e| w.render_event(e)).collect();
                 return Ok(w.into_response(replay));
             }
@@ -99,9 +104,10 @@ pub fn watch(
             Err(ResumeError::Expired) => return Ok(expired_stream(&rv)),
         }
     };
-    let w = Watcher::new(
+    let mut w = Watcher::new(
         def, namespace, query, render, rx, initial, streaming, last_rv,
     );
+    w.slot = Some(slot);
     Ok(w.into_response(Vec::new()))
 }
 
@@ -150,6 +156,7 @@ impl Watcher {
             initial_end_bookmark,
             last_rv,
             done: false,
+            slot: None,
         }
     }
 
