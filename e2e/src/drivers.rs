@@ -225,6 +225,59 @@ impl Cluster {
         self.services.insert(name.to_owned(), svc);
     }
 
+    /// A service with `count` slices of `per_slice` endpoints and no pods behind them (the
+    /// fixture of the LIST and fan-out benchmarks).
+    pub fn static_slices(&mut self, name: &str, count: usize, per_slice: usize) {
+        self.add_service(name, true);
+        let mut labels = self
+            .services
+            .get(name)
+            .map(|s| s.labels.clone())
+            .unwrap_or_default();
+        labels.insert(SERVICE_NAME_LABEL.to_owned(), name.to_owned());
+        let slices = (0..count).map(|n| {
+            let endpoints = (0..per_slice)
+                .map(|i| {
+                    let ip = n * per_slice + i;
+                    discovery::Endpoint {
+                        addresses: vec![format!(
+                            "10.{}.{}.{}",
+                            (ip >> 16) & 255,
+                            (ip >> 8) & 255,
+                            ip & 255
+                        )],
+                        conditions: Some(EndpointConditions {
+                            ready: Some(true),
+                            serving: Some(true),
+                            terminating: Some(false),
+                        }),
+                        node_name: Some(format!("node-{}", ip % 50)),
+                        zone: Some(format!("zone-{}", ip % 3)),
+                        target_ref: Some(ObjectReference {
+                            kind: Some("Pod".into()),
+                            name: Some(format!("{name}-{ip}")),
+                            namespace: Some(self.namespace.clone()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            Object::EndpointSlice(Arc::new(EndpointSlice {
+                address_type: "IPv4".into(),
+                endpoints: Some(endpoints),
+                metadata: self.meta(&format!("{name}-{n:05}"), labels.clone()),
+                ports: Some(vec![discovery::EndpointPort {
+                    name: Some("http".into()),
+                    port: Some(8080),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+            }))
+        });
+        self.store.apply(slices.collect::<Vec<_>>());
+    }
+
     fn pod(&self, svc: &str, p: &PodModel) -> Object {
         let mut meta = self.meta(
             &format!("{svc}-{}", p.index),

@@ -33,6 +33,9 @@ struct Args {
     /// Pods of the flooding Deployment.
     #[arg(long, default_value_t = 10_000)]
     pods: usize,
+    /// EndpointSlices of the `slices` scenario.
+    #[arg(long, default_value_t = 10_000)]
+    slices: usize,
     /// Serve plain HTTP instead of TLS (client-go then sends no token: only for curl and kube-rs).
     #[arg(long)]
     insecure_http: bool,
@@ -43,6 +46,8 @@ enum Scenario {
     Calm,
     Flood,
     FloodHidden,
+    /// `--slices` EndpointSlices of 10 endpoints behind one service, and no churn (benchmarks).
+    Slices,
 }
 
 #[tokio::main]
@@ -90,12 +95,17 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let mut cluster = Cluster::new(store, "prod");
+    if let Scenario::Slices = args.scenario {
+        cluster.static_slices("bench", args.slices, 10);
+        tokio::signal::ctrl_c().await?;
+        return Ok(());
+    }
     for svc in ["web", "api", "billing"] {
         cluster.add_service(svc, true);
         cluster.scale(svc, 3, true);
     }
     let flood = match args.scenario {
-        Scenario::Calm => None,
+        Scenario::Calm | Scenario::Slices => None,
         Scenario::Flood => Some(true),
         Scenario::FloodHidden => Some(false),
     };
