@@ -31,10 +31,112 @@ pub enum LogFormat {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run every link of a links file: upstream watchers, churn engines and the facade.
+    Run(RunArgs),
+    /// Print the kubeconfig a consumer of a link uses (server with the link's prefix, CA, token).
+    Kubeconfig(KubeconfigArgs),
     /// Validate a links file and print the effective configuration, defaults included.
     Check(CheckArgs),
     /// Print the Link CustomResourceDefinition (YAML).
     Crd,
+}
+
+/// `floodgate run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The links file: `links: [{name: east, spec: {...}}]`.
+    #[arg(long, env = "FLOODGATE_CONFIG")]
+    pub config: PathBuf,
+    /// Where the Kubernetes facade listens (links under /links/<name>/).
+    #[arg(long, env = "FLOODGATE_LISTEN", default_value = "0.0.0.0:6443")]
+    pub listen: std::net::SocketAddr,
+    /// Where /livez and /readyz (and the admin API) listen.
+    #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9990")]
+    pub admin_listen: std::net::SocketAddr,
+    /// Directory for link tokens and the generated CA; keep it across restarts.
+    #[arg(
+        long,
+        env = "FLOODGATE_STATE_DIR",
+        default_value = "/var/lib/floodgate"
+    )]
+    pub state_dir: PathBuf,
+    /// The facade's certificate chain (PEM); without it a CA and certificate are generated
+    /// into the state directory.
+    #[arg(long, env = "FLOODGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, env = "FLOODGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Extra names for the generated certificate (the Service's DNS name, say); repeatable.
+    #[arg(long = "tls-host", env = "FLOODGATE_TLS_HOSTS", value_delimiter = ',')]
+    pub tls_hosts: Vec<String>,
+    /// Serve the facade over plain HTTP. Only on a loopback address, for tests: client-go sends
+    /// no bearer token over HTTP.
+    #[arg(long, env = "FLOODGATE_INSECURE_HTTP")]
+    pub insecure_http: bool,
+}
+
+impl RunArgs {
+    /// The run configuration, or why these arguments cannot run.
+    pub fn to_config(&self) -> Result<crate::run::RunConfig, CheckError> {
+        let links = load_links(&self.config)?;
+        let tls = match (&self.tls_cert, &self.tls_key, self.insecure_http) {
+            (_, _, true) if !self.listen.ip().is_loopback() => {
+                return Err(CheckError::Usage(format!(
+                    "--insecure-http needs a loopback --listen address, not {}",
+                    self.listen
+                )));
+            }
+            (_, _, true) => crate::run::TlsSource::InsecureHttp,
+            (Some(cert), Some(key), false) => crate::run::TlsSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => crate::run::TlsSource::SelfSigned,
+        };
+        Ok(crate::run::RunConfig {
+            links,
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            state_dir: self.state_dir.clone(),
+            tls,
+            hosts: self.tls_hosts.clone(),
+        })
+    }
+}
+
+/// `floodgate kubeconfig`.
+#[derive(Debug, clap::Args)]
+pub struct KubeconfigArgs {
+    /// The link.
+    #[arg(long)]
+    pub link: String,
+    /// The state directory of the Floodgate that serves it.
+    #[arg(
+        long,
+        env = "FLOODGATE_STATE_DIR",
+        default_value = "/var/lib/floodgate"
+    )]
+    pub state_dir: PathBuf,
+    /// The facade's address as consumers reach it.
+    #[arg(long, default_value = "https://localhost:6443")]
+    pub server: String,
+}
+
+/// `floodgate kubeconfig`: reads the link's token and the CA from the state directory.
+pub fn kubeconfig(args: &KubeconfigArgs) -> Result<String, CheckError> {
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(&p).map_err(|source| CheckError::Read { path: p, source })
+    };
+    let token = read(args.state_dir.join("tokens").join(&args.link))?;
+    let ca = std::fs::read_to_string(args.state_dir.join("tls/ca.crt")).ok();
+    let server = format!("{}/links/{}", args.server.trim_end_matches('/'), args.link);
+    Ok(crate::run::consumer_kubeconfig(
+        &server,
+        token.trim(),
+        ca.as_deref(),
+        &args.link,
+    ))
 }
 
 /// `floodgate check`.
@@ -56,6 +158,9 @@ pub enum CheckError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The arguments do not make sense together.
+    #[error("{0}")]
+    Usage(String),
     /// The file was read but refused.
     #[error("{path}: {source}")]
     Config {

@@ -4,7 +4,10 @@
 //! See `ARCHITECTURE.md` for the tasks, ports and data flow. Modules:
 //! - [`churn`]: the pure engine of one link: coalesce, rate-limit, cap, detect floods, quarantine.
 //! - [`view`]: the published, versioned store consumers read, with history and fan-out.
+//! - [`upstream`]: the link's watchers on its remote API server.
+//! - [`link`]: one supervised task per link: upstream, engine, state.
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
+//! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
 
@@ -13,5 +16,8 @@
 pub mod churn;
 pub mod cli;
 pub mod kubeapi;
+pub mod link;
+pub mod run;
 pub mod tls;
+pub mod upstream;
 pub mod view;

@@ -5,10 +5,30 @@ use std::process::ExitCode;
 use clap::Parser;
 use floodgate::cli::{self, Cli, Command, LogFormat};
 
+/// Runs until SIGINT or SIGTERM, then shuts down.
+fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
+    let cfg = args.to_config()?;
+    tracing::info!(config = ?cfg, "starting");
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let running = floodgate::run::start(cfg).await?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        running.stop().await;
+        anyhow::Ok(())
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("FLOODGATE_LOG"))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOODGATE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => logs.init(),
@@ -17,6 +37,8 @@ fn main() -> ExitCode {
     let out = match &cli.command {
         Command::Check(args) => cli::check(args).map_err(anyhow::Error::from),
         Command::Crd => Ok(floodgate_link_crd::crd_yaml()),
+        Command::Kubeconfig(args) => cli::kubeconfig(args).map_err(anyhow::Error::from),
+        Command::Run(args) => run(args).map(|()| String::new()),
     };
     match out {
         Ok(text) => {

@@ -1,0 +1,379 @@
+//! One supervised task per link: it connects to the remote, owns the upstream watchers and the
+//! churn engine, feeds the engine, sleeps until the engine's next deadline, carries out its
+//! effects (stop or restart upstream) and publishes the link's state for the facade, readiness
+//! and the admin API. A link that cannot reach its remote retries with backoff and reports
+//! `Degraded`; nothing it does touches another link.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use floodgate_link_crd::{LinkSpec, Phase};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+use tracing::Instrument;
+
+use crate::churn::quarantine::{RequestError, State, Transition};
+use crate::churn::{Counters, Effect, Engine};
+use crate::kubeapi::ApiStore;
+use crate::kubeapi::resource::{RESOURCES, ResourceDef};
+use crate::kubeapi::status::StatusError;
+use crate::upstream::{self, Message, Remote, UpstreamCounters};
+use crate::view::{DEFAULT_HISTORY, View};
+
+/// Upstream messages waiting for the engine. When the engine falls behind, the watchers wait:
+/// the remote's watch streams buffer in the kernel instead of in our memory. 4096 is a few
+/// milliseconds of the fastest ingest we measured, enough to batch without holding a flood.
+pub const UPSTREAM_QUEUE: usize = 4096;
+
+/// Messages taken from the queue before the engine is polled again.
+const BATCH: usize = 1024;
+
+/// The first and the longest wait between attempts to reach a remote.
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// What a link shows the rest of Floodgate.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkState {
+    /// Healthy, Throttled, Quarantined or Degraded.
+    pub phase: Phase,
+    /// True once the first complete upstream sync was published.
+    pub synced: bool,
+    /// Why the link is Degraded or Quarantined, for people.
+    pub message: String,
+    /// The quarantine reason, when quarantined.
+    pub quarantine_reason: Option<String>,
+    /// The engine's totals.
+    pub counters: Counters,
+    /// Relevant upstream events in the last complete second.
+    pub events_last_second: u64,
+    /// Upstream objects held.
+    pub objects_held: usize,
+    /// Upstream watch errors so far.
+    pub upstream_errors: u64,
+    /// Upstream relists so far (initial lists included).
+    pub upstream_relists: u64,
+}
+
+/// An operator's request to a link.
+#[derive(Debug)]
+pub enum Command {
+    /// Release a quarantined link.
+    Release(oneshot::Sender<Result<Transition, RequestError>>),
+    /// Quarantine the link, with a message.
+    Quarantine(String, oneshot::Sender<Result<Transition, RequestError>>),
+}
+
+/// A running link.
+#[derive(Debug)]
+pub struct LinkHandle {
+    /// Its name.
+    pub name: String,
+    /// What it publishes.
+    pub view: View,
+    /// Its state, updated after every engine step.
+    pub state: watch::Receiver<LinkState>,
+    /// The remote's `/version`, once known.
+    pub version: watch::Receiver<Option<Value>>,
+    /// Whether the remote serves Linkerd's Servers, once known.
+    pub has_servers: watch::Receiver<bool>,
+    commands: mpsc::Sender<Command>,
+    task: JoinHandle<()>,
+}
+
+impl LinkHandle {
+    /// Asks the link to release its quarantine.
+    pub async fn release(&self) -> Result<Transition, LinkError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Release(tx))
+            .await
+            .map_err(|_| LinkError::Stopped)?;
+        rx.await
+            .map_err(|_| LinkError::Stopped)?
+            .map_err(LinkError::Refused)
+    }
+
+    /// Asks the link to quarantine itself.
+    pub async fn quarantine(&self, message: String) -> Result<Transition, LinkError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Quarantine(message, tx))
+            .await
+            .map_err(|_| LinkError::Stopped)?;
+        rx.await
+            .map_err(|_| LinkError::Stopped)?
+            .map_err(LinkError::Refused)
+    }
+
+    /// True when the link's task has ended (it only ends on shutdown).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// Why an operator's request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The transition makes no sense in the link's state (HTTP 409).
+    #[error("{0}")]
+    Refused(RequestError),
+    /// The link's task is gone.
+    #[error("the link is stopped")]
+    Stopped,
+}
+
+/// How a link reaches its remote: a function that builds a client (from a kubeconfig file, or
+/// a Secret in cluster mode), retried with backoff until it works.
+pub type Connect = Arc<
+    dyn Fn() -> futures_util::future::BoxFuture<'static, anyhow::Result<kube::Client>>
+        + Send
+        + Sync,
+>;
+
+/// Starts a link's task.
+pub fn spawn(
+    name: &str,
+    spec: LinkSpec,
+    connect: Connect,
+    incarnation: u32,
+    shutdown: watch::Receiver<bool>,
+) -> LinkHandle {
+    let view = View::new(incarnation, DEFAULT_HISTORY);
+    let (state_tx, state) = watch::channel(LinkState {
+        phase: Phase::Degraded,
+        message: "connecting to the remote".into(),
+        ..Default::default()
+    });
+    let (version_tx, version) = watch::channel(None);
+    let (servers_tx, has_servers) = watch::channel(false);
+    // Operators' requests are rare; 16 is plenty, and a full queue makes the caller wait.
+    let (commands_tx, commands) = mpsc::channel(16);
+    let task = tokio::spawn(
+        run(
+            spec,
+            connect,
+            view.clone(),
+            state_tx,
+            version_tx,
+            servers_tx,
+            commands,
+            shutdown,
+        )
+        .instrument(tracing::info_span!("link", link = %name)),
+    );
+    LinkHandle {
+        name: name.to_owned(),
+        view,
+        state,
+        version,
+        has_servers,
+        commands: commands_tx,
+        task,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    spec: LinkSpec,
+    connect: Connect,
+    view: View,
+    state_tx: watch::Sender<LinkState>,
+    version_tx: watch::Sender<Option<Value>>,
+    servers_tx: watch::Sender<bool>,
+    mut commands: mpsc::Receiver<Command>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // Connect, with backoff, until the remote answers discovery.
+    let mut backoff = CONNECT_BACKOFF.0;
+    let remote = loop {
+        let attempt = async {
+            let client = connect().await?;
+            let version = client.apiserver_version().await?;
+            let remote = Remote::discover(client, &spec.select.services).await?;
+            anyhow::Ok((remote, version))
+        };
+        match attempt.await {
+            Ok((remote, version)) => {
+                version_tx.send_replace(serde_json::to_value(version).ok());
+                servers_tx.send_replace(remote.has_servers);
+                break remote;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "cannot reach the remote");
+                state_tx.send_modify(|s| {
+                    s.phase = Phase::Degraded;
+                    s.message = format!("cannot reach the remote: {e}");
+                });
+            }
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
+    };
+    tracing::info!(servers = remote.has_servers, "connected to the remote");
+
+    let mut engine = Engine::new(&spec, &remote.kinds(), view, Instant::now());
+    let counters = Arc::new(UpstreamCounters::default());
+    let (tx, mut rx) = mpsc::channel::<Message>(UPSTREAM_QUEUE);
+    let mut generation = 1;
+    let mut upstream = Some(upstream::start(
+        &remote,
+        generation,
+        tx.clone(),
+        counters.clone(),
+    ));
+    let mut next_wake: Option<Instant> = None;
+    loop {
+        let far = Instant::now() + Duration::from_secs(3600);
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(cmd) = commands.recv() => {
+                let now = Instant::now();
+                let (result, reply) = match cmd {
+                    Command::Release(reply) => (engine.release(), reply),
+                    Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
+                };
+                // The transition's effects are carried out below with the engine's others.
+                let _ = reply.send(result);
+            }
+            Some(msg) = rx.recv() => {
+                let now = Instant::now();
+                if msg.generation == generation {
+                    engine.ingest(msg.change, now);
+                }
+                for _ in 0..BATCH {
+                    match rx.try_recv() {
+                        Ok(m) if m.generation == generation => engine.ingest(m.change, now),
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+            () = sleep_until(next_wake.unwrap_or(far)) => {}
+        }
+        next_wake = engine.poll(Instant::now());
+        for effect in engine.take_effects() {
+            match effect {
+                Effect::StopUpstream => {
+                    upstream = None;
+                    tracing::warn!("upstream stopped: the link is quarantined");
+                }
+                Effect::StartUpstream => {
+                    generation += 1;
+                    upstream = Some(upstream::start(
+                        &remote,
+                        generation,
+                        tx.clone(),
+                        counters.clone(),
+                    ));
+                    tracing::info!(generation, "upstream restarted");
+                }
+                Effect::Transition(t) => {
+                    tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
+                }
+            }
+        }
+        let state = link_state(&engine, &counters);
+        state_tx.send_if_modified(|s| {
+            let changed = s.phase != state.phase
+                || s.synced != state.synced
+                || s.counters != state.counters
+                || s.message != state.message;
+            *s = state;
+            changed
+        });
+    }
+    drop(upstream);
+    tracing::info!("link stopped");
+}
+
+fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
+    let (message, quarantine_reason) = match engine.state() {
+        State::Active => (String::new(), None),
+        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => (
+            q.trigger.message.clone(),
+            Some(q.trigger.reason.to_string()),
+        ),
+    };
+    LinkState {
+        phase: engine.phase(),
+        synced: engine.synced_once(),
+        message,
+        quarantine_reason,
+        counters: engine.counters(),
+        events_last_second: engine.events_last_second(),
+        objects_held: engine.objects_held(),
+        upstream_errors: counters.errors.load(Ordering::Relaxed),
+        upstream_relists: counters.relists.load(Ordering::Relaxed),
+    }
+}
+
+/// What the facade serves for one link: its view, once synced, with the remote's version and
+/// resources.
+#[derive(Debug)]
+pub struct LinkStore {
+    name: String,
+    view: View,
+    state: watch::Receiver<LinkState>,
+    version: watch::Receiver<Option<Value>>,
+    has_servers: watch::Receiver<bool>,
+}
+
+impl LinkStore {
+    /// The facade's store for a running link.
+    pub fn new(link: &LinkHandle) -> Self {
+        Self {
+            name: link.name.clone(),
+            view: link.view.clone(),
+            state: link.state.clone(),
+            version: link.version.clone(),
+            has_servers: link.has_servers.clone(),
+        }
+    }
+}
+
+impl ApiStore for LinkStore {
+    fn view(&self) -> &View {
+        &self.view
+    }
+
+    fn served(&self) -> Vec<&'static ResourceDef> {
+        let servers = *self.has_servers.borrow();
+        RESOURCES
+            .iter()
+            .filter(|r| servers || r.kind != crate::churn::object::Kind::Server)
+            .collect()
+    }
+
+    fn version(&self) -> Value {
+        self.version
+            .borrow()
+            .clone()
+            .unwrap_or_else(crate::kubeapi::resource::default_version)
+    }
+
+    fn ready(&self) -> Result<(), StatusError> {
+        let s = self.state.borrow();
+        if s.synced {
+            Ok(())
+        } else {
+            let why = if s.message.is_empty() {
+                "it is still listing the remote".to_owned()
+            } else {
+                s.message.clone()
+            };
+            Err(StatusError::unavailable(
+                format!("link {} has not completed its first sync: {why}", self.name),
+                1,
+            ))
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! `floodgate run`: every link of a links file, the facade that serves them, and the health
+//! endpoints, in one process.
+//!
+//! Tasks: one per link ([`crate::link`]), the facade's accept loop with one task per connection
+//! ([`crate::tls`]), and the admin listener. The state directory keeps what must survive a
+//! restart so consumers keep working: each link's bearer token and, when Floodgate generated
+//! its own certificate, the CA consumers trust.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::routing::get;
+use floodgate_link_crd::{LinksFile, NamedLink};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::kubeapi::{self, Api, Links};
+use crate::link::{self, Connect, LinkHandle, LinkStore};
+use crate::tls::{self, TlsMaterial};
+
+/// Where the facade's certificate comes from.
+#[derive(Clone, Debug)]
+pub enum TlsSource {
+    /// PEM files.
+    Files {
+        /// The certificate chain.
+        cert: PathBuf,
+        /// Its key.
+        key: PathBuf,
+    },
+    /// Generate (once, then reuse from the state directory) a CA and a certificate.
+    SelfSigned,
+    /// Plain HTTP: loopback tests only.
+    InsecureHttp,
+}
+
+/// Everything `floodgate run` needs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The links.
+    pub links: LinksFile,
+    /// The facade's address.
+    pub listen: SocketAddr,
+    /// The admin address (health, and later the admin API).
+    pub admin_listen: SocketAddr,
+    /// Tokens and generated certificates live here.
+    pub state_dir: PathBuf,
+    /// The facade's certificate.
+    pub tls: TlsSource,
+    /// Names the generated certificate is valid for, besides localhost and 127.0.0.1.
+    pub hosts: Vec<String>,
+}
+
+/// A running Floodgate (in-process tests keep this to reach it).
+#[derive(Debug)]
+pub struct Running {
+    /// The facade's address.
+    pub facade_addr: SocketAddr,
+    /// The admin address.
+    pub admin_addr: SocketAddr,
+    /// The CA consumers trust (PEM), when serving TLS.
+    pub ca_pem: Option<String>,
+    /// The links.
+    pub links: Arc<Vec<LinkHandle>>,
+    /// Each link's API (its request counters).
+    pub apis: HashMap<String, Arc<Api<LinkStore>>>,
+    tokens: HashMap<String, String>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// The kubeconfig a consumer of `link` uses.
+    pub fn kubeconfig(&self, link: &str) -> Option<String> {
+        let token = self.tokens.get(link)?;
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let server = format!("{scheme}://{}/links/{link}", self.facade_addr);
+        Some(consumer_kubeconfig(
+            &server,
+            token,
+            self.ca_pem.as_deref(),
+            link,
+        ))
+    }
+
+    /// True when every link has completed its first sync.
+    pub fn ready(&self) -> bool {
+        all_synced(&self.links)
+    }
+
+    /// Stops everything: readiness first, then the links and listeners.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+        }
+    }
+}
+
+fn all_synced(links: &[LinkHandle]) -> bool {
+    links.iter().all(|l| l.state.borrow().synced)
+}
+
+/// A kubeconfig for a consumer: server (with the link's prefix), CA, token.
+pub fn consumer_kubeconfig(server: &str, token: &str, ca_pem: Option<&str>, name: &str) -> String {
+    use base64::Engine as _;
+    let ca = ca_pem
+        .map(|pem| {
+            format!(
+                "\n    certificate-authority-data: {}",
+                base64::engine::general_purpose::STANDARD.encode(pem)
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: floodgate-{name}\n  cluster:\n    server: {server}{ca}\ncontexts:\n- name: floodgate-{name}\n  context:\n    cluster: floodgate-{name}\n    user: floodgate-{name}\ncurrent-context: floodgate-{name}\nusers:\n- name: floodgate-{name}\n  user:\n    token: {token}\n"
+    )
+}
+
+/// A link's token: read from the state directory, or created there (readable by its owner only).
+pub fn link_token(state_dir: &Path, link: &str) -> anyhow::Result<String> {
+    let dir = state_dir.join("tokens");
+    let path = dir.join(link);
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        let t = t.trim().to_owned();
+        if !t.is_empty() {
+            return Ok(t);
+        }
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    write_private(&path, &token)?;
+    Ok(token)
+}
+
+fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// The facade's TLS material: from files, or generated once into the state directory.
+pub fn tls_material(
+    src: &TlsSource,
+    state_dir: &Path,
+    hosts: &[String],
+) -> anyhow::Result<Option<TlsMaterial>> {
+    match src {
+        TlsSource::InsecureHttp => Ok(None),
+        TlsSource::Files { cert, key } => {
+            let cert_pem = std::fs::read_to_string(cert)
+                .with_context(|| format!("reading {}", cert.display()))?;
+            let key_pem = std::fs::read_to_string(key)
+                .with_context(|| format!("reading {}", key.display()))?;
+            Ok(Some(TlsMaterial {
+                ca_pem: cert_pem.clone(),
+                cert_pem,
+                key_pem,
+            }))
+        }
+        TlsSource::SelfSigned => {
+            let dir = state_dir.join("tls");
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+            if let (Some(cert_pem), Some(key_pem), Some(ca_pem)) =
+                (read("tls.crt"), read("tls.key"), read("ca.crt"))
+            {
+                return Ok(Some(TlsMaterial {
+                    cert_pem,
+                    key_pem,
+                    ca_pem,
+                }));
+            }
+            let mut all = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+            all.extend(hosts.iter().cloned());
+            let m = tls::self_signed(&all)?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            write_private(&dir.join("tls.key"), &m.key_pem)?;
+            write_private(&dir.join("tls.crt"), &m.cert_pem)?;
+            write_private(&dir.join("ca.crt"), &m.ca_pem)?;
+            Ok(Some(m))
+        }
+    }
+}
+
+/// How a standalone link reaches its remote: the kubeconfig file named in its spec.
+fn connect_from_file(link: &NamedLink) -> Connect {
+    let path = link.spec.remote.kubeconfig_path.clone().unwrap_or_default();
+    let context = link.spec.remote.context.clone();
+    Arc::new(move || {
+        let path = path.clone();
+        let context = context.clone();
+        Box::pin(async move {
+            let kc = kube::config::Kubeconfig::read_from(&path)
+                .with_context(|| format!("reading kubeconfig {path}"))?;
+            let opts = kube::config::KubeConfigOptions {
+                context,
+                ..Default::default()
+            };
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &opts)
+                .await
+                .with_context(|| format!("kubeconfig {path}"))?;
+            Ok(kube::Client::try_from(cfg)?)
+        })
+    })
+}
+
+fn incarnation() -> u32 {
+    let mut b = [0u8; 4];
+    // Without randomness, the clock still tells runs apart.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.subsec_nanos() ^ (t.as_secs() as u32);
+    }
+    u32::from_le_bytes(b)
+}
+
+/// Starts every link, the facade and the admin listener.
+pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let tls = tls_material(&cfg.tls, &cfg.state_dir, &cfg.hosts)?;
+    let mut handles = Vec::new();
+    let mut apis = HashMap::new();
+    let mut tokens = HashMap::new();
+    for l in &cfg.links.links {
+        let token = link_token(&cfg.state_dir, &l.name)?;
+        let handle = link::spawn(
+            &l.name,
+            l.spec.clone(),
+            connect_from_file(l),
+            incarnation(),
+            shutdown.clone(),
+        );
+        apis.insert(
+            l.name.clone(),
+            Arc::new(Api::new(LinkStore::new(&handle), token.clone())),
+        );
+        tokens.insert(l.name.clone(), token);
+        handles.push(handle);
+    }
+    let links = Arc::new(handles);
+
+    let facade = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding the facade to {}", cfg.listen))?;
+    let facade_addr = facade.local_addr()?;
+    let router = kubeapi::links_router(Arc::new(Links::new(apis.clone())));
+    let stop = wait_for(shutdown.clone());
+    let facade_task = match &tls {
+        Some(m) => {
+            let config = tls::server_config(m)?;
+            tokio::spawn(async move {
+                if let Err(e) = tls::serve_tls(facade, config, router, stop).await {
+                    tracing::error!(error = %e, "the facade stopped");
+                }
+            })
+        }
+        None => tokio::spawn(async move {
+            if let Err(e) = kubeapi::serve_plain(facade, router, stop).await {
+                tracing::error!(error = %e, "the facade stopped");
+            }
+        }),
+    };
+
+    let admin = TcpListener::bind(cfg.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin API to {}", cfg.admin_listen))?;
+    let admin_addr = admin.local_addr()?;
+    let admin_router = health_router(links.clone(), shutdown.clone());
+    let stop = wait_for(shutdown.clone());
+    let admin_task = tokio::spawn(async move {
+        if let Err(e) = kubeapi::serve_plain(admin, admin_router, stop).await {
+            tracing::error!(error = %e, "the admin listener stopped");
+        }
+    });
+    tracing::info!(%facade_addr, %admin_addr, links = links.len(), tls = tls.is_some(), "floodgate is serving");
+    Ok(Running {
+        facade_addr,
+        admin_addr,
+        ca_pem: tls.map(|m| m.ca_pem),
+        links,
+        apis,
+        tokens,
+        shutdown: shutdown_tx,
+        tasks: vec![facade_task, admin_task],
+    })
+}
+
+async fn wait_for(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// `/livez` and `/readyz`: ready once every link has synced, not ready from shutdown on.
+pub fn health_router(links: Arc<Vec<LinkHandle>>, shutdown: watch::Receiver<bool>) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let links = links.clone();
+                let shutting_down = *shutdown.borrow();
+                async move {
+                    let waiting: Vec<String> = links
+                        .iter()
+                        .filter(|l| !l.state.borrow().synced)
+                        .map(|l| l.name.clone())
+                        .collect();
+                    if shutting_down {
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            "shutting down\n".to_owned(),
+                        )
+                    } else if waiting.is_empty() {
+                        (axum::http::StatusCode::OK, "ok\n".to_owned())
+                    } else {
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not synced yet: {}\n", waiting.join(", ")),
+                        )
+                    }
+                }
+            }),
+        )
+}
