@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod drivers;
+pub mod gateway;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -144,59 +144,61 @@ pub fn unsupported(content_type: &str) -> StatusError {
     )
 }
 
+/// A review of `verb` on `resource` in `group`, encoded exactly as client-go sends it: the
+/// `k8s\0` magic, then a `runtime.Unknown` carrying the SelfSubjectAccessReview (for tests and
+/// tools that replay Linkerd's requests).
+pub fn client_go_body(verb: &str, group: &str, resource: &str) -> Vec<u8> {
+    let attrs = AttributesProto {
+        namespace: Some(String::new()),
+        verb: Some(verb.into()),
+        group: Some(group.into()),
+        version: Some(String::new()),
+        resource: Some(resource.into()),
+        subresource: Some(String::new()),
+        name: Some(String::new()),
+    };
+    let review = ReviewProto {
+        spec: Some(SpecProto {
+            resource_attributes: Some(attrs),
+        }),
+    };
+    let mut out = PROTOBUF_MAGIC.to_vec();
+    // runtime.Unknown: field 1 typeMeta {apiVersion, kind}, field 2 raw, 3 and 4 empty.
+    #[derive(Clone, PartialEq, Message)]
+    struct TypeMeta {
+        #[prost(string, optional, tag = "1")]
+        api_version: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        kind: Option<String>,
+    }
+    #[derive(Clone, PartialEq, Message)]
+    struct Full {
+        #[prost(message, optional, tag = "1")]
+        type_meta: Option<TypeMeta>,
+        #[prost(bytes = "vec", optional, tag = "2")]
+        raw: Option<Vec<u8>>,
+        #[prost(string, optional, tag = "3")]
+        content_encoding: Option<String>,
+        #[prost(string, optional, tag = "4")]
+        content_type: Option<String>,
+    }
+    let full = Full {
+        type_meta: Some(TypeMeta {
+            api_version: Some("authorization.k8s.io/v1".into()),
+            kind: Some("SelfSubjectAccessReview".into()),
+        }),
+        raw: Some(review.encode_to_vec()),
+        content_encoding: Some(String::new()),
+        content_type: Some(String::new()),
+    };
+    out.extend(full.encode_to_vec());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kubeapi::resource::RESOURCES;
-
-    /// A review exactly as client-go encodes it: magic, then runtime.Unknown{typeMeta, raw}.
-    fn client_go_body(verb: &str, group: &str, resource: &str) -> Vec<u8> {
-        let attrs = AttributesProto {
-            namespace: Some(String::new()),
-            verb: Some(verb.into()),
-            group: Some(group.into()),
-            version: Some(String::new()),
-            resource: Some(resource.into()),
-            subresource: Some(String::new()),
-            name: Some(String::new()),
-        };
-        let review = ReviewProto {
-            spec: Some(SpecProto {
-                resource_attributes: Some(attrs),
-            }),
-        };
-        let mut out = PROTOBUF_MAGIC.to_vec();
-        // runtime.Unknown: field 1 typeMeta {apiVersion, kind}, field 2 raw, 3 and 4 empty.
-        #[derive(Clone, PartialEq, Message)]
-        struct TypeMeta {
-            #[prost(string, optional, tag = "1")]
-            api_version: Option<String>,
-            #[prost(string, optional, tag = "2")]
-            kind: Option<String>,
-        }
-        #[derive(Clone, PartialEq, Message)]
-        struct Full {
-            #[prost(message, optional, tag = "1")]
-            type_meta: Option<TypeMeta>,
-            #[prost(bytes = "vec", optional, tag = "2")]
-            raw: Option<Vec<u8>>,
-            #[prost(string, optional, tag = "3")]
-            content_encoding: Option<String>,
-            #[prost(string, optional, tag = "4")]
-            content_type: Option<String>,
-        }
-        let full = Full {
-            type_meta: Some(TypeMeta {
-                api_version: Some("authorization.k8s.io/v1".into()),
-                kind: Some("SelfSubjectAccessReview".into()),
-            }),
-            raw: Some(review.encode_to_vec()),
-            content_encoding: Some(String::new()),
-            content_type: Some(String::new()),
-        };
-        out.extend(full.encode_to_vec());
-        out
-    }
 
     #[test]
     fn protobuf_reviews_from_client_go_are_read() {

@@ -1,0 +1,100 @@
+//! Floodgate in-process in front of a kube-sim, for scenario tests: the remote, the gateway,
+//! and helpers for consumers of a link.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::run::{RunConfig, Running, TlsSource};
+use floodgate_link_crd::{LinkSpec, LinksFile, NamedLink, RemoteSpec};
+
+use crate::RunningSim;
+use crate::sim::SimStore;
+
+/// A kube-sim and a Floodgate with one link, `east`, in front of it.
+#[derive(Debug)]
+pub struct Stack {
+    /// The remote.
+    pub sim: RunningSim,
+    /// The gateway.
+    pub floodgate: Running,
+    dir: tempfile::TempDir,
+}
+
+impl Stack {
+    /// Starts kube-sim over `store`, then Floodgate with `spec` (its remote is filled in) and
+    /// waits until the link has synced.
+    pub async fn start(store: Arc<SimStore>, mut spec: LinkSpec) -> anyhow::Result<Self> {
+        let sim = RunningSim::start(store, "remote-token").await?;
+        let dir = tempfile::tempdir()?;
+        let remote = dir.path().join("remote.kubeconfig");
+        std::fs::write(&remote, sim.kubeconfig())?;
+        spec.remote = RemoteSpec {
+            kubeconfig_path: Some(remote.display().to_string()),
+            ..RemoteSpec::default()
+        };
+        let cfg = RunConfig {
+            links: LinksFile {
+                links: vec![NamedLink {
+                    name: "east".into(),
+                    spec,
+                }],
+            },
+            listen: "127.0.0.1:0".parse()?,
+            admin_listen: "127.0.0.1:0".parse()?,
+            state_dir: dir.path().join("state"),
+            tls: TlsSource::SelfSigned,
+            hosts: vec![],
+        };
+        let floodgate = floodgate::run::start(cfg).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !floodgate.ready() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the link did not sync within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self {
+            sim,
+            floodgate,
+            dir,
+        })
+    }
+
+    /// A spec with every default (the remote is set by [`Stack::start`]).
+    pub fn default_spec() -> LinkSpec {
+        LinkSpec::with_remote(RemoteSpec::default())
+    }
+
+    /// A kube client of link `east`'s consumers.
+    pub async fn consumer(&self) -> anyhow::Result<kube::Client> {
+        let yaml = self
+            .floodgate
+            .kubeconfig("east")
+            .ok_or_else(|| anyhow::anyhow!("no link east"))?;
+        client_from(&yaml).await
+    }
+
+    /// A kube client straight to the remote (the "direct" consumer of the comparisons).
+    pub async fn direct(&self) -> anyhow::Result<kube::Client> {
+        client_from(&self.sim.kubeconfig()).await
+    }
+
+    /// The state of link `east`.
+    pub fn link(&self) -> floodgate::link::LinkState {
+        self.floodgate.links[0].state.borrow().clone()
+    }
+
+    /// The temporary directory (kubeconfigs, state).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+/// A kube client from kubeconfig YAML.
+pub async fn client_from(yaml: &str) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::from_yaml(yaml)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await?;
+    Ok(kube::Client::try_from(cfg)?)
+}

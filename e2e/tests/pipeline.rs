@@ -1,0 +1,415 @@
+//! The whole pipeline, in-process: kube-sim as the remote, Floodgate in front of it, consumers
+//! through the link. Reduced scale for `make test`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::kubeapi::review::client_go_body;
+use floodgate_e2e::drivers::{Cluster, EXPORTED};
+use floodgate_e2e::gateway::Stack;
+use floodgate_e2e::sim::SimStore;
+use floodgate_link_crd::{KubeDuration, Phase};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::Value;
+
+async fn send(
+    c: &Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (u16, Value) {
+    let mut req = http::Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = c
+        .send(
+            req.body(body)
+                .expect("request")
+                .map(kube::client::Body::from),
+        )
+        .await
+        .expect("response");
+    let code = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Opens a watch and reads frames until the initial-events-end bookmark: the ADDED count.
+async fn streaming_list(c: &Client, path: &str, accept: &str) -> usize {
+    let q = "allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeout=9m47s&timeoutSeconds=587&watch=true";
+    let req = http::Request::get(format!("{path}?{q}"))
+        .header("accept", accept)
+        .body(Vec::new())
+        .expect("request");
+    let resp = c
+        .send(req.map(kube::client::Body::from))
+        .await
+        .expect("watch");
+    assert_eq!(resp.status(), 200, "{path}");
+    let mut body = resp.into_body().into_data_stream();
+    let (mut buf, mut added) = (Vec::new(), 0);
+    loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("frames")
+            .expect("open")
+            .expect("chunk");
+        buf.extend_from_slice(&chunk);
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let frame: Value = serde_json::from_slice(&buf[..i]).expect("frame");
+            buf.drain(..=i);
+            match frame["type"].as_str() {
+                Some("ADDED") => added += 1,
+                Some("BOOKMARK")
+                    if frame["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"]
+                        == "true" =>
+                {
+                    return added;
+                }
+                other => panic!("{path}: unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+/// The request sequence of Linkerd's destination (remote discovery) and service mirror, as
+/// FACADE.md lists it, through a link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_linkerd_consumer_profile_is_answered() {
+    let store = Arc::new(SimStore::new(41, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for svc in ["web", "api"] {
+        cluster.add_service(svc, true);
+        cluster.scale(svc, 3, true);
+    }
+    cluster.add_service("hidden", false);
+    cluster.scale("hidden", 5, true);
+    let stack = Stack::start(store, Stack::default_spec())
+        .await
+        .expect("stack");
+    let c = stack.consumer().await.expect("client");
+    let proto = [
+        ("content-type", "application/vnd.kubernetes.protobuf"),
+        ("accept", "application/vnd.kubernetes.protobuf, */*"),
+    ];
+    let review = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+
+    // 1. Destination: may it list pods? (protobuf body)
+    let (code, v) = send(
+        &c,
+        "POST",
+        review,
+        &proto,
+        client_go_body("list", "", "pods"),
+    )
+    .await;
+    assert_eq!(
+        (code, v["status"]["allowed"].as_bool()),
+        (201, Some(true)),
+        "{v}"
+    );
+    let (code, v) = send(
+        &c,
+        "GET",
+        "/apis/policy.linkerd.io/v1beta3",
+        &[],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(
+        v["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .any(|r| r["kind"] == "Server")
+    );
+    let (code, v) = send(
+        &c,
+        "POST",
+        review,
+        &proto,
+        client_go_body("list", "policy.linkerd.io", "servers"),
+    )
+    .await;
+    assert_eq!((code, v["status"]["allowed"].as_bool()), (201, Some(true)));
+
+    // 2. Its informers: streaming lists; replicasets through the metadata client.
+    let json = "application/json";
+    assert_eq!(
+        streaming_list(&c, "/apis/discovery.k8s.io/v1/endpointslices", json).await,
+        2,
+        "only the exported services' slices"
+    );
+    assert_eq!(
+        streaming_list(&c, "/api/v1/pods", json).await,
+        6,
+        "only pods behind exported services"
+    );
+    assert_eq!(streaming_list(&c, "/api/v1/services", json).await, 2);
+    assert_eq!(
+        streaming_list(&c, "/apis/policy.linkerd.io/v1beta3/servers", json).await,
+        0
+    );
+    let meta_list =
+        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
+    assert_eq!(
+        streaming_list(&c, "/apis/apps/v1/replicasets", meta_list).await,
+        2,
+        "the pods' owners"
+    );
+    // The fallback when a streaming list fails: LIST ?limit=500&resourceVersion=0, then WATCH.
+    let (code, v) = send(
+        &c,
+        "GET",
+        "/apis/apps/v1/replicasets?limit=500&resourceVersion=0",
+        &[("accept", meta_list)],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(
+        (code, v["kind"].as_str()),
+        (200, Some("PartialObjectMetadataList"))
+    );
+    assert_eq!(v["items"].as_array().map(Vec::len), Some(2));
+
+    // 3. Service mirror: version, its informers, an Event.
+    let (code, v) = send(&c, "GET", "/version", &[], Vec::new()).await;
+    assert_eq!(
+        (code, v["gitVersion"].as_str()),
+        (200, Some("v1.33.0-kube-sim")),
+        "the remote's version"
+    );
+    assert_eq!(streaming_list(&c, "/api/v1/endpoints", json).await, 2);
+    let event = serde_json::json!({"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "linkerd-service-mirror-", "namespace": "prod"}, "reason": "Mirrored", "message": "x"});
+    let (code, v) = send(
+        &c,
+        "POST",
+        "/api/v1/namespaces/prod/events",
+        &[("content-type", json)],
+        event.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!((code, v["kind"].as_str()), (201, Some("Event")));
+    assert_eq!(
+        stack.floodgate.apis["east"]
+            .counters
+            .snapshot()
+            .events_discarded,
+        1
+    );
+    assert_eq!(
+        stack.sim.api.counters.snapshot().writes,
+        0,
+        "Floodgate never writes upstream"
+    );
+}
+
+/// S1, hidden: 10,000 crash-looping pods behind a service the link does not select reach no
+/// consumer and are not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_a_flood_behind_an_unselected_service_reaches_nobody() {
+    let store = Arc::new(SimStore::new(42, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 3, true);
+    cluster.add_service("injector", false);
+    let stack = Stack::start(store, Stack::default_spec())
+        .await
+        .expect("stack");
+    let through = stack.consumer().await.expect("client");
+    let mut consumer = watcher::watcher(
+        Api::<EndpointSlice>::all(through),
+        watcher::Config::default(),
+    )
+    .boxed();
+    loop {
+        if let Some(Ok(watcher::Event::InitDone)) = consumer.next().await {
+            break;
+        }
+    }
+    let before = stack.link().counters;
+    cluster.scale("injector", 10_000, false);
+    for _ in 0..20 {
+        cluster.crash_loop_step("injector", 500);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Give the link time to see all of it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = tokio::time::timeout(Duration::from_millis(300), consumer.next()).await;
+    assert!(got.is_err(), "the consumer received nothing: {got:?}");
+    let link = stack.link();
+    assert_eq!(
+        link.counters.downstream_updates, before.downstream_updates,
+        "nothing was published"
+    );
+    assert!(
+        link.counters.irrelevant_events >= 10_000,
+        "the pods were seen and dropped: {:?}",
+        link.counters
+    );
+    assert!(
+        link.objects_held < 100,
+        "no pod of the flood is held: {}",
+        link.objects_held
+    );
+    assert_eq!(link.phase, Phase::Healthy);
+}
+
+/// S1, exported: the cap holds, the budget holds, a calm service's change still arrives within
+/// 2 s, and sustained churn quarantines the link while consumers keep the last good view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_an_exported_flood_is_capped_budgeted_and_quarantined() {
+    let store = Arc::new(SimStore::new(43, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 3, true);
+    cluster.add_service("injector", true);
+    let mut spec = Stack::default_spec();
+    spec.caps.max_endpoints_per_service = 100;
+    spec.quarantine.when.events_per_second = 1000;
+    spec.quarantine.when.sustained_for = KubeDuration::from_secs(3);
+    let (rate, burst) = (
+        spec.rate_limit.per_link.updates_per_second,
+        spec.rate_limit.per_link.burst,
+    );
+    let stack = Stack::start(store, spec).await.expect("stack");
+    let through = stack.consumer().await.expect("client");
+    let web_slices: Api<EndpointSlice> = Api::namespaced(through, "prod");
+    let started = tokio::time::Instant::now();
+    let updates_before = stack.link().counters.downstream_updates;
+
+    cluster.scale("injector", 10_000, false);
+    let mut calm_seen = None;
+    let mut rolled_at = None;
+    let mut quarantined_at = None;
+    for step in 0..100u32 {
+        cluster.crash_loop_step("injector", 1000);
+        if step == 10 {
+            cluster.roll_pod("web", 0);
+            rolled_at = Some(tokio::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if rolled_at.is_some() && calm_seen.is_none() {
+            let s = web_slices.get("web-00000").await.expect("web slice");
+            let addrs: Vec<String> = s
+                .endpoints
+                .unwrap_or_default()
+                .iter()
+                .map(|e| e.addresses[0].clone())
+                .collect();
+            if !addrs.contains(&"10.0.0.1".to_owned()) {
+                calm_seen = rolled_at.map(|t| t.elapsed());
+            }
+        }
+        if stack.link().phase == Phase::Quarantined {
+            quarantined_at = Some(started.elapsed());
+            break;
+        }
+    }
+    let calm = calm_seen.expect("the calm change was seen before the quarantine");
+    assert!(calm <= Duration::from_secs(2), "calm change took {calm:?}");
+    let quarantined = quarantined_at.expect("sustained churn quarantines the link");
+    let link = stack.link();
+    let updates = link.counters.downstream_updates - updates_before;
+    let bound =
+        u64::from(burst) + (u64::from(rate) as f64 * started.elapsed().as_secs_f64()).ceil() as u64;
+    assert!(
+        updates <= bound,
+        "{updates} publications in {:?} exceed the budget ({bound})",
+        started.elapsed()
+    );
+    let view = &stack.floodgate.links[0].view;
+    let injector: usize = view
+        .list(floodgate::churn::object::Kind::EndpointSlice)
+        .items
+        .iter()
+        .filter_map(|s| match &s.object {
+            floodgate::churn::object::Object::EndpointSlice(e)
+                if e.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("injector")) =>
+            {
+                e.endpoints.as_ref().map(Vec::len)
+            }
+            _ => None,
+        })
+        .sum();
+    assert!(
+        injector <= 100,
+        "the cap holds: {injector} endpoints served"
+    );
+    assert_eq!(
+        link.objects_held, 0,
+        "the quarantined link dropped its cache"
+    );
+    assert!(
+        view.len(floodgate::churn::object::Kind::Service) >= 2,
+        "consumers keep the last good view"
+    );
+    eprintln!(
+        "S1 exported: calm change visible after {calm:?}; quarantined after {quarantined:?}; {updates} publications; {injector} injector endpoints served"
+    );
+}
+
+/// S2: 50 consumers restarting 10 times each cost the remote nothing beyond the link's own
+/// LIST+WATCH per resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_a_restart_herd_costs_the_remote_nothing() {
+    let store = Arc::new(SimStore::new(44, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for svc in ["web", "api", "billing"] {
+        cluster.add_service(svc, true);
+        cluster.scale(svc, 20, true);
+    }
+    let stack = Stack::start(store, Stack::default_spec())
+        .await
+        .expect("stack");
+    let upstream_before = stack.sim.api.counters.snapshot();
+    let mut herd = Vec::new();
+    for i in 0..50 {
+        let client = stack.consumer().await.expect("client");
+        herd.push(tokio::spawn(async move {
+            for r in 0..10 {
+                let mut cfg = watcher::Config::default();
+                if (i + r) % 2 == 0 {
+                    cfg = cfg.streaming_lists();
+                }
+                let mut w =
+                    watcher::watcher(Api::<EndpointSlice>::all(client.clone()), cfg).boxed();
+                loop {
+                    match w.next().await {
+                        Some(Ok(watcher::Event::InitDone)) => break,
+                        Some(Ok(_)) => {}
+                        other => panic!("consumer {i} restart {r}: {other:?}"),
+                    }
+                }
+            }
+        }));
+    }
+    for h in herd {
+        h.await.expect("consumer");
+    }
+    let upstream_after = stack.sim.api.counters.snapshot();
+    assert_eq!(
+        upstream_after.lists, upstream_before.lists,
+        "no LIST reached the remote"
+    );
+    assert_eq!(
+        upstream_after.watches, upstream_before.watches,
+        "no WATCH reached the remote"
+    );
+    let served = stack.floodgate.apis["east"].counters.snapshot();
+    assert!(
+        served.lists + served.watches >= 500,
+        "the herd was served by Floodgate: {served:?}"
+    );
+    let _ = EXPORTED;
+}
