@@ -26,6 +26,7 @@ pub struct SimStore {
     writes: Mutex<()>,
     uids: AtomicU64,
     version: Value,
+    failing: Mutex<Option<StatusError>>,
 }
 
 impl SimStore {
@@ -36,6 +37,7 @@ impl SimStore {
             view: View::new(incarnation, history),
             writes: Mutex::new(()),
             uids: AtomicU64::new(1),
+            failing: Mutex::new(None),
             version: json!({
                 "major": "1", "minor": "33", "gitVersion": "v1.33.0-kube-sim", "gitCommit": "",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "",
@@ -54,6 +56,20 @@ impl SimStore {
     pub fn delete(&self, keys: impl IntoIterator<Item = ObjKey>) {
         let _w = self.writes.lock().unwrap_or_else(|e| e.into_inner());
         self.view.apply(keys.into_iter().map(Change::Delete));
+    }
+
+    /// Makes every request fail with `error` (a 500 or 429 storm), or recover with `None`.
+    /// Open watches are ended either way, as a restarting server ends them.
+    pub fn set_failing(&self, error: Option<StatusError>) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = error;
+        self.view.disconnect();
+    }
+
+    /// Ends every watch and forgets the history: each client's resume gets a 410 and relists
+    /// (a 410 storm, as after a watch-cache reset).
+    pub fn expire_all_watches(&self) {
+        self.view.compact_history();
+        self.view.disconnect();
     }
 
     fn next_uid(&self) -> String {
@@ -87,6 +103,13 @@ impl ApiStore for SimStore {
 
     fn version(&self) -> Value {
         self.version.clone()
+    }
+
+    fn fault(&self) -> Option<StatusError> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {

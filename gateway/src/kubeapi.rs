@@ -103,6 +103,11 @@ pub trait ApiStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// An error every request gets instead of an answer (the simulator's fault injection).
+    fn fault(&self) -> Option<StatusError> {
+        None
+    }
+
     /// Creates, updates, patches or deletes. Floodgate's links are read-only.
     fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
         Err(StatusError::new(
@@ -136,6 +141,9 @@ impl<T: ApiStore> ApiStore for Arc<T> {
     }
     fn ready(&self) -> Result<(), StatusError> {
         T::ready(self)
+    }
+    fn fault(&self) -> Option<StatusError> {
+        T::fault(self)
     }
     fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
         T::write(self, w)
@@ -409,6 +417,9 @@ async fn dispatch<S: ApiStore>(
     body: Bytes,
 ) -> Result<Response, StatusError> {
     let store = &api.store;
+    if let Some(e) = store.fault() {
+        return Err(e);
+    }
     let served = store.served();
     let content_type = headers
         .get(header::CONTENT_TYPE)

@@ -138,13 +138,15 @@ struct State {
     objects: HashMap<Kind, BTreeMap<NsName, Arc<Stored>>>,
     history: VecDeque<Event>,
     history_cap: usize,
+    /// Under the lock, so that subscribing and snapshotting are one step, and so that
+    /// [`View::disconnect`] can replace it.
+    tx: broadcast::Sender<Event>,
 }
 
 /// The view of one link. Clones share it.
 #[derive(Clone, Debug)]
 pub struct View {
     state: Arc<RwLock<State>>,
-    tx: broadcast::Sender<Event>,
 }
 
 impl View {
@@ -160,8 +162,8 @@ impl View {
                 objects: HashMap::new(),
                 history: VecDeque::new(),
                 history_cap: history_cap.max(1),
+                tx,
             })),
-            tx,
         }
     }
 
@@ -236,7 +238,7 @@ impl View {
             }
             s.history.push_back(e.clone());
             // No receivers is fine: nobody watches yet.
-            let _ = self.tx.send(e.clone());
+            let _ = s.tx.send(e.clone());
         }
         events
     }
@@ -273,7 +275,7 @@ impl View {
     pub fn list_and_watch(&self, kind: Kind) -> (Snapshot, broadcast::Receiver<Event>) {
         let s = self.read();
         // Subscribing under the read lock: no publication can slip between snapshot and receiver.
-        let rx = self.tx.subscribe();
+        let rx = s.tx.subscribe();
         let snap = Snapshot {
             resource_version: s.base | s.counter,
             items: s
@@ -283,6 +285,19 @@ impl View {
                 .unwrap_or_default(),
         };
         (snap, rx)
+    }
+
+    /// Ends every watch: their streams close and clients resume (a stopped server does this).
+    pub fn disconnect(&self) {
+        let mut s = self.write();
+        s.tx = broadcast::channel(FANOUT_BACKLOG).0;
+    }
+
+    /// Forgets the change history, so every resume from an older version gets 410 Expired
+    /// (an API server whose watch cache was reset, or etcd compaction).
+    pub fn compact_history(&self) {
+        let mut s = self.write();
+        s.history.clear();
     }
 
     /// Checks that this incarnation issued `resource_version` (it may be older than the history):
@@ -319,7 +334,7 @@ impl View {
         if counter + 1 < oldest && counter < s.counter {
             return Err(ResumeError::Expired);
         }
-        let rx = self.tx.subscribe();
+        let rx = s.tx.subscribe();
         let events = s
             .history
             .iter()
