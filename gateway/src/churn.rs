@@ -112,6 +112,19 @@ struct GroupState {
     truncated: usize,
 }
 
+impl GroupState {
+    /// A group seen for the first time: idle, with a full bucket, nothing published.
+    fn new(budget: &Budget<FedClock>) -> Self {
+        Self {
+            slot: Slot::Idle,
+            bucket: budget.service_bucket(),
+            objects: BTreeSet::new(),
+            endpoints: HashSet::new(),
+            truncated: 0,
+        }
+    }
+}
+
 /// The engine of one link.
 #[derive(Debug)]
 pub struct Engine {
@@ -287,13 +300,10 @@ impl Engine {
 
     fn mark(&mut self, g: Group, now: Instant) {
         let budget = &self.budget;
-        let st = self.groups.entry(g.clone()).or_insert_with(|| GroupState {
-            slot: Slot::Idle,
-            bucket: budget.service_bucket(),
-            objects: BTreeSet::new(),
-            endpoints: HashSet::new(),
-            truncated: 0,
-        });
+        let st = self
+            .groups
+            .entry(g.clone())
+            .or_insert_with(|| GroupState::new(budget));
         match &mut st.slot {
             Slot::Idle => {
                 st.slot = Slot::Pending {
@@ -485,13 +495,10 @@ impl Engine {
     /// published before.
     fn publish(&mut self, g: &Group) {
         let budget = &self.budget;
-        let st = self.groups.entry(g.clone()).or_insert_with(|| GroupState {
-            slot: Slot::Idle,
-            bucket: budget.service_bucket(),
-            objects: BTreeSet::new(),
-            endpoints: HashSet::new(),
-            truncated: 0,
-        });
+        let st = self
+            .groups
+            .entry(g.clone())
+            .or_insert_with(|| GroupState::new(budget));
         let was_published = !st.objects.is_empty();
         let (desired, endpoints, truncated) = match g {
             Group::Service(svc) => match self.store.service(svc) {

@@ -143,6 +143,19 @@ struct State {
     tx: broadcast::Sender<Event>,
 }
 
+impl State {
+    fn snapshot(&self, kind: Kind) -> Snapshot {
+        Snapshot {
+            resource_version: self.base | self.counter,
+            items: self
+                .objects
+                .get(&kind)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// The view of one link. Clones share it.
 #[derive(Clone, Debug)]
 pub struct View {
@@ -260,15 +273,7 @@ impl View {
 
     /// Every object of a kind, consistent with the returned version.
     pub fn list(&self, kind: Kind) -> Snapshot {
-        let s = self.read();
-        Snapshot {
-            resource_version: s.base | s.counter,
-            items: s
-                .objects
-                .get(&kind)
-                .map(|m| m.values().cloned().collect())
-                .unwrap_or_default(),
-        }
+        self.read().snapshot(kind)
     }
 
     /// A snapshot of a kind and a receiver of every change after it, with no gap between them.
@@ -276,15 +281,7 @@ impl View {
         let s = self.read();
         // Subscribing under the read lock: no publication can slip between snapshot and receiver.
         let rx = s.tx.subscribe();
-        let snap = Snapshot {
-            resource_version: s.base | s.counter,
-            items: s
-                .objects
-                .get(&kind)
-                .map(|m| m.values().cloned().collect())
-                .unwrap_or_default(),
-        };
-        (snap, rx)
+        (s.snapshot(kind), rx)
     }
 
     /// Ends every watch: their streams close and clients resume (a stopped server does this).
