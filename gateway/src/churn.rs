@@ -25,6 +25,7 @@ pub mod cap;
 pub mod flood;
 pub mod limit;
 pub mod object;
+mod publish;
 pub mod quarantine;
 pub mod select;
 pub mod store;
@@ -40,10 +41,10 @@ use tokio::time::Instant;
 use self::cap::EndpointKey;
 use self::flood::{FloodDetector, Trigger};
 use self::limit::{Budget, FedClock, Limiter};
-use self::object::{Group, Kind, NsName, ObjKey, Object, pod_replicasets};
+use self::object::{Group, Kind, NsName, ObjKey, Object};
 use self::quarantine::{Machine, RequestError, State, Transition};
 use self::store::Store;
-use crate::view::{Change as ViewChange, View};
+use crate::view::{DEFAULT_HISTORY_AGE, View};
 
 /// One upstream change, as the watchers report it.
 #[derive(Clone, Debug)]
@@ -56,6 +57,9 @@ pub enum Change {
     InitStart(Kind),
     /// The relist of a kind is complete.
     InitDone(Kind),
+    /// A pod fetched because the engine asked for it ([`Effect::FetchPods`]): state, not churn.
+    /// Ignored when a watch event for the pod came first (that one is newer).
+    Fetched(Object),
 }
 
 /// Something the caller must do.
@@ -65,6 +69,9 @@ pub enum Effect {
     StopUpstream,
     /// Start the upstream watches again, from a fresh list.
     StartUpstream,
+    /// Fetch these pods and hand them back as [`Change::Fetched`]: kept endpoints point at
+    /// them but their last event came before the endpoints did.
+    FetchPods(Vec<NsName>),
     /// The quarantine state changed: log it, record an event, update status.
     Transition(Transition),
 }
@@ -93,7 +100,14 @@ pub struct Counters {
     pub endpoints_published: u64,
     /// Endpoints withheld by `caps.maxEndpointsPerService`.
     pub endpoints_truncated: u64,
+    /// Pods asked for with [`Effect::FetchPods`].
+    pub pods_fetched: u64,
 }
+
+/// Pod fetches outstanding at most. A fetch is asked only for a pod a *kept* endpoint points
+/// at, so this is bounded by the cap anyway; 4096 keeps a start-up against thousands of
+/// services from queueing more GETs than the remote should see at once.
+const MAX_FETCHING: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
@@ -148,6 +162,8 @@ pub struct Engine {
     kinds: Vec<Kind>,
     synced: HashSet<Kind>,
     relisting: HashMap<Kind, HashSet<NsName>>,
+    /// Pods asked for and not seen since.
+    fetching: HashSet<NsName>,
     synced_once: bool,
     republish: bool,
     effects: Vec<Effect>,
@@ -186,6 +202,7 @@ impl Engine {
             kinds: kinds.to_vec(),
             synced: HashSet::new(),
             relisting: HashMap::new(),
+            fetching: HashSet::new(),
             synced_once: false,
             republish: false,
             effects: Vec::new(),
@@ -259,9 +276,22 @@ impl Engine {
                 }
                 self.synced.insert(kind);
             }
-            Change::Apply(obj) => {
-                let obj = obj.sanitized();
+            Change::Fetched(obj) => {
+                let obj = obj.into_sanitized();
                 let key = obj.key();
+                if self.fetching.remove(&key.id)
+                    && self.store.wants_pod(&key.id)
+                    && self.store.pod(&key.id).is_none()
+                {
+                    self.change(key, Some(obj), now, false);
+                }
+            }
+            Change::Apply(obj) => {
+                let obj = obj.into_sanitized();
+                let key = obj.key();
+                if key.kind == Kind::Pod {
+                    self.fetching.remove(&key.id);
+                }
                 // A relist is state, not churn: it does not count towards the event rate.
                 let listing = match self.relisting.get_mut(&key.kind) {
                     Some(seen) => {
@@ -272,7 +302,12 @@ impl Engine {
                 };
                 self.change(key, Some(obj), now, !listing);
             }
-            Change::Delete(key) => self.change(key, None, now, true),
+            Change::Delete(key) => {
+                if key.kind == Kind::Pod {
+                    self.fetching.remove(&key.id);
+                }
+                self.change(key, None, now, true);
+            }
         }
     }
 
@@ -289,7 +324,7 @@ impl Engine {
                 && matches!(key.kind, Kind::EndpointSlice)
             {
                 let n = self.store.endpoint_count(svc);
-                trigger = trigger.or_else(|| self.flood.check_endpoints(&svc.to_string(), n));
+                trigger = trigger.or_else(|| self.flood.check_endpoints(svc, n));
             }
             self.mark(g, now);
         }
@@ -335,6 +370,7 @@ impl Engine {
                 self.store.clear();
                 self.synced.clear();
                 self.relisting.clear();
+                self.fetching.clear();
                 self.flood.reset();
                 self.due.clear();
                 self.ready.clear();
@@ -373,6 +409,9 @@ impl Engine {
     /// Moves time on: publishes what is due and affordable. Returns when to poll again.
     pub fn poll(&mut self, now: Instant) -> Option<Instant> {
         self.clock.set(now.saturating_duration_since(self.origin));
+        if let Some(cutoff) = now.checked_sub(DEFAULT_HISTORY_AGE) {
+            self.view.expire_history(cutoff);
+        }
         let all_synced = self.kinds.iter().all(|k| self.synced.contains(k));
         if let Some(t) = self.machine.tick(now, all_synced) {
             self.transitioned(t);
@@ -490,103 +529,6 @@ impl Engine {
             self.publish(&g);
         }
     }
-
-    /// Publishes a group's current state: what the cap keeps of it, diffed against what it
-    /// published before.
-    fn publish(&mut self, g: &Group) {
-        let budget = &self.budget;
-        let st = self
-            .groups
-            .entry(g.clone())
-            .or_insert_with(|| GroupState::new(budget));
-        let was_published = !st.objects.is_empty();
-        let (desired, endpoints, truncated) = match g {
-            Group::Service(svc) => match self.store.service(svc) {
-                None => (Vec::new(), HashSet::new(), 0),
-                Some(_) if !was_published && self.counters.services >= self.max_services => {
-                    self.counters.services_withheld += 1;
-                    (Vec::new(), HashSet::new(), 0)
-                }
-                Some(service) => {
-                    desired_service(&self.store, service, svc, &st.endpoints, self.max_endpoints)
-                }
-            },
-            Group::Servers(ns) => (
-                self.store
-                    .servers_in(ns)
-                    .into_iter()
-                    .map(Object::Server)
-                    .collect(),
-                HashSet::new(),
-                0,
-            ),
-        };
-
-        let keys: BTreeSet<ObjKey> = desired.iter().map(Object::key).collect();
-        let mut changes: Vec<ViewChange> = Vec::with_capacity(desired.len());
-        for gone in st.objects.difference(&keys) {
-            let n = self.obj_refs.entry(gone.clone()).or_default();
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.obj_refs.remove(gone);
-                changes.push(ViewChange::Delete(gone.clone()));
-            }
-        }
-        for new in keys.difference(&st.objects) {
-            *self.obj_refs.entry(new.clone()).or_default() += 1;
-        }
-        changes.extend(desired.into_iter().map(ViewChange::Upsert));
-
-        let c = &mut self.counters;
-        if matches!(g, Group::Service(_)) {
-            c.services = c.services + u64::from(!keys.is_empty()) - u64::from(was_published);
-        }
-        c.endpoints_published =
-            c.endpoints_published + endpoints.len() as u64 - st.endpoints.len() as u64;
-        c.endpoints_truncated = c.endpoints_truncated + truncated as u64 - st.truncated as u64;
-        st.objects = keys;
-        st.endpoints = endpoints;
-        st.truncated = truncated;
-        if !self.view.apply(changes).is_empty() {
-            c.downstream_updates += 1;
-        }
-    }
-}
-
-/// A service's publication: the service, its capped slices and Endpoints, the pods the kept
-/// endpoints point at and those pods' ReplicaSets.
-fn desired_service(
-    store: &Store,
-    service: &std::sync::Arc<k8s_openapi::api::core::v1::Service>,
-    svc: &NsName,
-    previous: &HashSet<EndpointKey>,
-    max: usize,
-) -> (Vec<Object>, HashSet<EndpointKey>, usize) {
-    let slices = store.slices_of(svc);
-    let capped = cap::cap(&slices, store.endpoints_of(svc), previous, max);
-    let mut out = vec![Object::Service(service.clone())];
-    let mut pods: BTreeSet<NsName> = BTreeSet::new();
-    for s in &capped.slices {
-        pods.extend(object::slice_pods(s));
-        out.push(Object::EndpointSlice(s.clone()));
-    }
-    if let Some(ep) = &capped.endpoints {
-        pods.extend(object::endpoints_pods(ep));
-        out.push(Object::Endpoints(ep.clone()));
-    }
-    let mut replicasets = BTreeSet::new();
-    for id in &pods {
-        if let Some(p) = store.pod(id) {
-            replicasets.extend(pod_replicasets(p));
-            out.push(Object::Pod(p.clone()));
-        }
-    }
-    for id in &replicasets {
-        if let Some(rs) = store.replicaset(id) {
-            out.push(Object::ReplicaSet(rs.clone()));
-        }
-    }
-    (out, capped.published, capped.truncated)
 }
 
 fn earliest<const N: usize>(times: [Option<Instant>; N]) -> Option<Instant> {

@@ -229,6 +229,8 @@ async fn run(
         tx.clone(),
         counters.clone(),
     ));
+    // Pod fetches the engine asked for; aborted with the link.
+    let mut fetches = tokio::task::JoinSet::new();
     let mut next_wake: Option<Instant> = None;
     loop {
         let far = Instant::now() + Duration::from_secs(3600);
@@ -258,6 +260,7 @@ async fn run(
                 }
             }
             () = sleep_until(next_wake.unwrap_or(far)) => {}
+            Some(_) = fetches.join_next(), if !fetches.is_empty() => {}
         }
         next_wake = engine.poll(Instant::now());
         for effect in engine.take_effects() {
@@ -276,6 +279,19 @@ async fn run(
                     ));
                     tracing::info!(generation, "upstream restarted");
                 }
+                Effect::FetchPods(pods) => {
+                    tracing::debug!(
+                        pods = pods.len(),
+                        "fetching pods that kept endpoints point at"
+                    );
+                    fetches.spawn(upstream::fetch_pods(
+                        remote.client.clone(),
+                        pods,
+                        generation,
+                        tx.clone(),
+                        counters.clone(),
+                    ));
+                }
                 Effect::Transition(t) => {
                     tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
                 }
@@ -292,6 +308,7 @@ async fn run(
         });
     }
     drop(upstream);
+    fetches.abort_all();
     tracing::info!("link stopped");
 }
 

@@ -247,3 +247,38 @@ fn spawn<K, S>(
         }
     });
 }
+
+/// Pod GETs in flight at once for one link: enough to fill a start-up's gaps in a few round
+/// trips, few enough that the remote never sees a burst from us.
+const FETCH_CONCURRENCY: usize = 8;
+
+/// Fetches pods the engine asked for ([`crate::churn::Effect::FetchPods`]) and sends each one
+/// found as [`Change::Fetched`]. A pod that is gone is skipped: its absence is the answer.
+pub async fn fetch_pods(
+    client: Client,
+    pods: Vec<NsName>,
+    generation: u64,
+    tx: mpsc::Sender<Message>,
+    counters: Arc<UpstreamCounters>,
+) {
+    let mut results = futures_util::stream::iter(pods)
+        .map(|id| {
+            let api = Api::<Pod>::namespaced(client.clone(), &id.namespace);
+            async move { (api.get_opt(&id.name).await, id) }
+        })
+        .buffer_unordered(FETCH_CONCURRENCY);
+    while let Some((result, id)) = results.next().await {
+        let change = match result {
+            Ok(Some(pod)) => Change::Fetched(Object::Pod(Arc::new(pod))),
+            Ok(None) => continue,
+            Err(e) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(pod = %id, error = %e, "fetching a pod failed; it is served from its next event");
+                continue;
+            }
+        };
+        if tx.send(Message { generation, change }).await.is_err() {
+            return;
+        }
+    }
+}

@@ -3,7 +3,9 @@
 //! The churn engine writes publications ([`View::apply`]); the facade and gRPC read snapshots
 //! and follow changes. Each object is stored with Floodgate's own resource version and its JSON
 //! encoded once, at publish time, so a LIST or a fan-out to many watchers writes bytes that
-//! already exist. A bounded history of changes lets a watcher resume from a version it saw; a
+//! already exist. A history of changes, bounded by count and by age, lets a watcher resume from
+//! a version it saw (the instants it keeps come from tokio's clock, so paused-time tests drive
+//! them); a
 //! broadcast channel fans changes out, with a bounded backlog per receiver.
 //!
 //! Resource versions are `incarnation << 40 | counter`: monotonic within one run, never 0, and
@@ -14,6 +16,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 use crate::churn::object::{Kind, NsName, ObjKey, Object};
 
@@ -27,6 +30,10 @@ pub const FANOUT_BACKLOG: usize = 4096;
 
 /// Changes kept for resumption. At the default budget this is minutes of history.
 pub const DEFAULT_HISTORY: usize = 10_000;
+
+/// The oldest change kept for resumption. A watcher away for longer relists, from Floodgate's
+/// cache, at no cost to the remote; holding old states longer would only hold their memory.
+pub const DEFAULT_HISTORY_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// One stored object.
 #[derive(Debug)]
@@ -136,7 +143,8 @@ struct State {
     base: u64,
     counter: u64,
     objects: HashMap<Kind, BTreeMap<NsName, Arc<Stored>>>,
-    history: VecDeque<Event>,
+    /// Changes for resumption, each with the instant it was published.
+    history: VecDeque<(Instant, Event)>,
     history_cap: usize,
     /// Under the lock, so that subscribing and snapshotting are one step, and so that
     /// [`View::disconnect`] can replace it.
@@ -245,11 +253,12 @@ impl View {
                 previous,
             });
         }
+        let now = Instant::now();
         for e in &events {
             if s.history.len() == s.history_cap {
                 s.history.pop_front();
             }
-            s.history.push_back(e.clone());
+            s.history.push_back((now, e.clone()));
             // No receivers is fine: nobody watches yet.
             let _ = s.tx.send(e.clone());
         }
@@ -297,6 +306,23 @@ impl View {
         s.history.clear();
     }
 
+    /// Forgets changes published before `cutoff` (the history's age bound; the engine calls
+    /// this as time passes). A resume from before them gets 410 Expired.
+    pub fn expire_history(&self, cutoff: Instant) {
+        if self
+            .read()
+            .history
+            .front()
+            .is_none_or(|(t, _)| *t >= cutoff)
+        {
+            return;
+        }
+        let mut s = self.write();
+        while s.history.front().is_some_and(|(t, _)| *t < cutoff) {
+            s.history.pop_front();
+        }
+    }
+
     /// Checks that this incarnation issued `resource_version` (it may be older than the history):
     /// `Expired` for another run's version, `TooLarge` for one not issued yet.
     pub fn check_issued(&self, resource_version: u64) -> Result<(), ResumeError> {
@@ -326,7 +352,7 @@ impl View {
         let oldest = s
             .history
             .front()
-            .map_or(s.counter + 1, |e| e.resource_version & COUNTER_MASK);
+            .map_or(s.counter + 1, |(_, e)| e.resource_version & COUNTER_MASK);
         // Resuming needs every change after `counter`: the first of them must still be held.
         if counter + 1 < oldest && counter < s.counter {
             return Err(ResumeError::Expired);
@@ -335,8 +361,8 @@ impl View {
         let events = s
             .history
             .iter()
-            .filter(|e| e.resource_version > resource_version)
-            .cloned()
+            .filter(|(_, e)| e.resource_version > resource_version)
+            .map(|(_, e)| e.clone())
             .collect();
         Ok((events, rx))
     }
@@ -440,5 +466,24 @@ mod tests {
         let e = rx.recv().await.expect("event");
         assert_eq!(e.kind, EventType::Added);
         assert!(e.resource_version > snap.resource_version);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn history_older_than_the_cutoff_is_forgotten() {
+        let view = View::new(5, 100);
+        let start = view.resource_version();
+        let old = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
+        tokio::time::advance(std::time::Duration::from_secs(60)).await;
+        view.apply([Change::Upsert(mk_service("a", "2"))]);
+        view.expire_history(Instant::now() - std::time::Duration::from_secs(30));
+        assert_eq!(
+            view.watch_from(start).err(),
+            Some(ResumeError::Expired),
+            "the change after `start` is older than the cutoff"
+        );
+        let (events, _rx) = view
+            .watch_from(old)
+            .expect("the change after `old` is kept");
+        assert_eq!(events.len(), 1);
     }
 }

@@ -274,6 +274,8 @@ fn main() -> anyhow::Result<()> {
         for effect in engine.take_effects() {
             match effect {
                 Effect::StopUpstream => upstream_running = false,
+                // The simulated remote lists pods after their slices: nothing to fetch.
+                Effect::FetchPods(_) => {}
                 Effect::StartUpstream => {
                     upstream_running = true;
                     relist(&mut engine, &remote, now);

@@ -5,7 +5,7 @@
 //! An endpoint that is published stays published while it is no worse than the candidates
 //! behind it, so endpoints flapping beyond the cap change nothing downstream.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
@@ -39,13 +39,20 @@ fn is_ready(e: &Endpoint) -> bool {
 }
 
 /// Picks at most `max` of `candidates` (key, ready), preferring ready, then those in `previous`,
-/// then the smallest key.
+/// then the smallest key. A key listed twice (an endpoint in two slices while the EndpointSlice
+/// controller moves it) is one candidate, ready if either listing is, and takes one place.
+/// Returns the chosen keys and the number of distinct candidates.
 pub fn choose<'a>(
     candidates: impl IntoIterator<Item = (&'a str, bool)>,
     previous: &HashSet<EndpointKey>,
     max: usize,
-) -> HashSet<&'a str> {
-    let mut all: Vec<(bool, bool, &'a str)> = candidates
+) -> (HashSet<&'a str>, usize) {
+    let mut ready_by_key: HashMap<&'a str, bool> = HashMap::new();
+    for (k, ready) in candidates {
+        *ready_by_key.entry(k).or_default() |= ready;
+    }
+    let distinct = ready_by_key.len();
+    let mut all: Vec<(bool, bool, &'a str)> = ready_by_key
         .into_iter()
         .map(|(k, ready)| (!ready, !previous.contains(k), k))
         .collect();
@@ -53,7 +60,7 @@ pub fn choose<'a>(
         all.select_nth_unstable(max);
         all.truncate(max);
     }
-    all.into_iter().map(|(_, _, k)| k).collect()
+    (all.into_iter().map(|(_, _, k)| k).collect(), distinct)
 }
 
 /// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous`.
@@ -71,12 +78,9 @@ pub fn cap(
         .flat_map(|s| s.endpoints.iter().flatten())
         .map(|e| (slice_endpoint_key(e), is_ready(e)))
         .collect();
-    out.total = keyed.len();
-    let chosen: HashSet<String> =
-        choose(keyed.iter().map(|(k, r)| (k.as_str(), *r)), previous, max)
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+    let (chosen, distinct) = choose(keyed.iter().map(|(k, r)| (k.as_str(), *r)), previous, max);
+    let chosen: HashSet<String> = chosen.into_iter().map(str::to_owned).collect();
+    out.total = distinct;
     out.truncated = out.total.saturating_sub(chosen.len());
     for slice in slices {
         let eps = slice.endpoints.as_deref().unwrap_or_default();
@@ -111,14 +115,13 @@ pub fn cap(
                 ready.chain(not_ready)
             })
             .collect();
-        let chosen: HashSet<&str> =
-            choose(addrs.iter().map(|(k, r)| (k.as_str(), *r)), previous, max);
+        let (chosen, distinct) = choose(addrs.iter().map(|(k, r)| (k.as_str(), *r)), previous, max);
         if slices.is_empty() {
             // Without slices, the Endpoints object is the service's only count.
-            out.total = addrs.len();
-            out.truncated = addrs.len().saturating_sub(chosen.len());
+            out.total = distinct;
+            out.truncated = distinct.saturating_sub(chosen.len());
         }
-        if chosen.len() == addrs.len() {
+        if chosen.len() == distinct {
             out.endpoints = Some(ep.clone());
         } else {
             let keep = |v: &Option<Vec<EndpointAddress>>| -> Option<Vec<EndpointAddress>> {
@@ -228,5 +231,18 @@ mod tests {
         let c = cap(&slices, None, &HashSet::new(), 1);
         assert_eq!(c.slices.len(), 1);
         assert_eq!(c.slices[0].metadata.name.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn an_address_in_two_slices_takes_one_place() {
+        // The EndpointSlice controller moving an endpoint between slices lists it in both for
+        // a moment; it must not push another endpoint out of the cap.
+        let slices = [
+            mk_slice("a", &[("10.0.0.1", true), ("10.0.0.2", true)]),
+            mk_slice("b", &[("10.0.0.1", false), ("10.0.0.3", true)]),
+        ];
+        let c = cap(&slices, None, &HashSet::new(), 3);
+        assert_eq!(ips(&c), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+        assert_eq!((c.total, c.truncated), (3, 0));
     }
 }

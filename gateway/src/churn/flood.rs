@@ -13,6 +13,8 @@ use floodgate_link_crd::LinkSpec;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::object::NsName;
+
 const BUCKET: Duration = Duration::from_secs(1);
 
 /// Why a link was quarantined.
@@ -193,7 +195,7 @@ impl FloodDetector {
     }
 
     /// Checks one service's upstream endpoint count.
-    pub fn check_endpoints(&self, service: &str, endpoints: usize) -> Option<Trigger> {
+    pub fn check_endpoints(&self, service: &NsName, endpoints: usize) -> Option<Trigger> {
         let n = endpoints as u64;
         (n > self.endpoints_per_service).then(|| {
             Trigger::new(

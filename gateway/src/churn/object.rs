@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 /// The label the EndpointSlice controller puts on a slice: the name of its service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// Set on a published Service whose endpoints the cap truncated: how many were withheld.
+pub const TRUNCATED_ANNOTATION: &str = "floodgate.dev/endpoints-truncated";
+
+/// Set beside [`TRUNCATED_ANNOTATION`]: the service's endpoints upstream, before the cap.
+pub const TOTAL_ANNOTATION: &str = "floodgate.dev/endpoints-total";
+
 /// The resources a link carries (the Linkerd consumer profile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Kind {
@@ -176,14 +182,21 @@ impl Object {
 
     /// The same object as served downstream: no upstream resourceVersion (Floodgate issues its
     /// own) and no managedFields. Content comparisons between two upstream states use this form,
-    /// so a relist that changes nothing publishes nothing.
-    pub fn sanitized(&self) -> Object {
+    /// so a relist that changes nothing publishes nothing. An object that is already clean is
+    /// returned as it is, and one that is not shared is cleaned in place: decoded upstream
+    /// objects are never copied.
+    pub fn into_sanitized(mut self) -> Object {
+        fn dirty(meta: &ObjectMeta) -> bool {
+            meta.resource_version.is_some() || meta.managed_fields.is_some()
+        }
         fn clean(meta: &mut ObjectMeta) {
             meta.resource_version = None;
             meta.managed_fields = None;
         }
-        let mut o = self.clone();
-        match &mut o {
+        if !dirty(self.meta()) {
+            return self;
+        }
+        match &mut self {
             Object::Service(x) => clean(&mut Arc::make_mut(x).metadata),
             Object::EndpointSlice(x) => clean(&mut Arc::make_mut(x).metadata),
             Object::Endpoints(x) => clean(&mut Arc::make_mut(x).metadata),
@@ -191,7 +204,7 @@ impl Object {
             Object::ReplicaSet(x) => clean(Arc::make_mut(x)),
             Object::Server(x) => clean(&mut Arc::make_mut(x).metadata),
         }
-        o
+        self
     }
 
     /// The JSON a Kubernetes client expects, with `kind`, `apiVersion` and the given
@@ -245,6 +258,19 @@ pub fn slice_pods(slice: &EndpointSlice) -> impl Iterator<Item = NsName> + '_ {
         .iter()
         .flatten()
         .filter_map(|e| pod_ref(e.target_ref.as_ref()?, &slice.metadata))
+}
+
+/// The pods an EndpointSlice's endpoints point at, as borrowed `(namespace, name)` pairs: cheap
+/// enough to compare two states of a slice on every event.
+pub fn slice_pod_refs(slice: &EndpointSlice) -> impl Iterator<Item = (&str, &str)> + '_ {
+    let owner = slice.metadata.namespace.as_deref().unwrap_or_default();
+    slice.endpoints.iter().flatten().filter_map(move |e| {
+        let r = e.target_ref.as_ref()?;
+        if r.kind.as_deref() != Some("Pod") {
+            return None;
+        }
+        Some((r.namespace.as_deref().unwrap_or(owner), r.name.as_deref()?))
+    })
 }
 
 /// The pods a core/v1 Endpoints' addresses point at.

@@ -14,8 +14,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::object::{
-    Group, Kind, NsName, ObjKey, Object, Server, endpoints_pods, pod_replicasets, slice_pods,
-    slice_service,
+    Group, Kind, NsName, ObjKey, Object, Server, endpoints_pods, pod_replicasets, slice_pod_refs,
+    slice_pods, slice_service,
 };
 use super::select::Selector;
 
@@ -153,31 +153,49 @@ impl Store {
                 let old_svc = old.as_deref().and_then(slice_service);
                 let new_svc = new.as_deref().and_then(slice_service);
                 let count = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::len);
-                // Reference the new state before releasing the old one, so pods both point at
-                // stay held.
-                if let (Some(n), Some(svc)) = (&new, &new_svc) {
-                    *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
-                    self.reference(svc, slice_pods(n));
-                    self.slices_by_service
-                        .entry(svc.clone())
-                        .or_default()
-                        .insert(id.clone());
-                    self.slices.insert(id.clone(), n.clone());
-                }
-                if let (Some(o), Some(svc)) = (&old, &old_svc) {
-                    if let Some(n) = self.slice_endpoints.get_mut(svc) {
-                        *n = n.saturating_sub(count(o));
-                        if *n == 0 {
-                            self.slice_endpoints.remove(svc);
-                        }
+                // The common churn, a ready flag flipping, leaves the service and the pods a
+                // slice points at as they were: then no reference needs counting again.
+                let same_refs = new_svc.is_some()
+                    && old_svc == new_svc
+                    && match (&old, &new) {
+                        (Some(o), Some(n)) => slice_pod_refs(o).eq(slice_pod_refs(n)),
+                        _ => false,
+                    };
+                if same_refs {
+                    if let (Some(o), Some(n), Some(svc)) = (&old, &new, &new_svc) {
+                        let e = self.slice_endpoints.entry(svc.clone()).or_default();
+                        *e = (*e + count(n)).saturating_sub(count(o));
                     }
-                    self.unref(svc, slice_pods(o));
-                    if new_svc.as_ref() != Some(svc)
-                        && let Some(set) = self.slices_by_service.get_mut(svc)
-                    {
-                        set.remove(id);
-                        if set.is_empty() {
-                            self.slices_by_service.remove(svc);
+                    if let Some(n) = &new {
+                        self.slices.insert(id.clone(), n.clone());
+                    }
+                } else {
+                    // Reference the new state before releasing the old one, so pods both point
+                    // at stay held.
+                    if let (Some(n), Some(svc)) = (&new, &new_svc) {
+                        *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
+                        self.reference(svc, slice_pods(n));
+                        self.slices_by_service
+                            .entry(svc.clone())
+                            .or_default()
+                            .insert(id.clone());
+                        self.slices.insert(id.clone(), n.clone());
+                    }
+                    if let (Some(o), Some(svc)) = (&old, &old_svc) {
+                        if let Some(n) = self.slice_endpoints.get_mut(svc) {
+                            *n = n.saturating_sub(count(o));
+                            if *n == 0 {
+                                self.slice_endpoints.remove(svc);
+                            }
+                        }
+                        self.unref(svc, slice_pods(o));
+                        if new_svc.as_ref() != Some(svc)
+                            && let Some(set) = self.slices_by_service.get_mut(svc)
+                        {
+                            set.remove(id);
+                            if set.is_empty() {
+                                self.slices_by_service.remove(svc);
+                            }
                         }
                     }
                 }
@@ -327,6 +345,13 @@ impl Store {
     /// A service's Endpoints.
     pub fn endpoints_of(&self, svc: &NsName) -> Option<&Arc<Endpoints>> {
         self.endpoints.get(svc)
+    }
+
+    /// True when a stored slice or Endpoints of a selected service points at the pod.
+    pub fn wants_pod(&self, id: &NsName) -> bool {
+        self.pod_refs
+            .get(id)
+            .is_some_and(|by_svc| by_svc.keys().any(|svc| self.is_selected(svc)))
     }
 
     /// A pod, if held.

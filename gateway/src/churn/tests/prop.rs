@@ -1,0 +1,260 @@
+//! The engine's contract under arbitrary input (proptest): for any sequence of upstream
+//! changes, once input stops the published view converges exactly to the selected, capped
+//! upstream state, and publications never exceed the link's budget over any window.
+//!
+//! The expected state comes from an independent model: a map of upstream objects and the rules
+//! of DESIGN.md written out directly (a selected service, every slice of it, the pods its
+//! endpoints point at), not from the engine's own indexes. Pod fetches the engine asks for are
+//! answered from the model, as the link does from the remote.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::time::{self, Instant};
+
+use super::*;
+use crate::churn::object::slice_pods;
+
+const SERVICES: [&str; 3] = ["a", "b", "c"];
+const SLICES: [&str; 2] = ["x", "y"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Service {
+        svc: usize,
+        exported: bool,
+    },
+    DeleteService {
+        svc: usize,
+    },
+    Slice {
+        svc: usize,
+        slice: usize,
+        eps: Vec<(u32, bool)>,
+    },
+    DeleteSlice {
+        svc: usize,
+        slice: usize,
+    },
+    Pod {
+        svc: usize,
+        i: u32,
+        running: bool,
+    },
+    DeletePod {
+        svc: usize,
+        i: u32,
+    },
+    Wait {
+        ms: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let svc = 0..SERVICES.len();
+    prop_oneof![
+        (svc.clone(), any::<bool>()).prop_map(|(svc, exported)| Op::Service { svc, exported }),
+        svc.clone().prop_map(|svc| Op::DeleteService { svc }),
+        (
+            svc.clone(),
+            0..SLICES.len(),
+            proptest::collection::vec((0u32..8, any::<bool>()), 0..6)
+        )
+            .prop_map(|(svc, slice, eps)| Op::Slice { svc, slice, eps }),
+        (svc.clone(), 0..SLICES.len()).prop_map(|(svc, slice)| Op::DeleteSlice { svc, slice }),
+        (svc.clone(), 0u32..8, any::<bool>()).prop_map(|(svc, i, running)| Op::Pod {
+            svc,
+            i,
+            running
+        }),
+        (svc, 0u32..8).prop_map(|(svc, i)| Op::DeletePod { svc, i }),
+        (0u64..1500).prop_map(|ms| Op::Wait { ms }),
+    ]
+}
+
+fn slice_name(svc: usize, slice: usize) -> String {
+    format!("{}-{}", SERVICES[svc], SLICES[slice])
+}
+
+/// Upstream as the model sees it.
+#[derive(Default)]
+struct Remote {
+    objects: BTreeMap<ObjKey, Object>,
+}
+
+impl Remote {
+    fn change(&mut self, op: &Op) -> Option<Change> {
+        let obj = match op {
+            Op::Service { svc, exported } => mk_service(SERVICES[*svc], *exported),
+            Op::Slice { svc, slice, eps } => {
+                mk_slice(SERVICES[*svc], &slice_name(*svc, *slice), eps)
+            }
+            Op::Pod { svc, i, running } => mk_pod(
+                &format!("{}-{i}", SERVICES[*svc]),
+                if *running { "Running" } else { "Pending" },
+            ),
+            Op::DeleteService { svc } => return self.delete(Kind::Service, SERVICES[*svc]),
+            Op::DeleteSlice { svc, slice } => {
+                return self.delete(Kind::EndpointSlice, &slice_name(*svc, *slice));
+            }
+            Op::DeletePod { svc, i } => {
+                return self.delete(Kind::Pod, &format!("{}-{i}", SERVICES[*svc]));
+            }
+            Op::Wait { .. } => return None,
+        };
+        self.objects.insert(obj.key(), obj.clone());
+        Some(Change::Apply(obj))
+    }
+
+    fn delete(&mut self, kind: Kind, name: &str) -> Option<Change> {
+        let key = ObjKey {
+            kind,
+            id: NsName::new("ns", name),
+        };
+        self.objects.remove(&key).map(|_| Change::Delete(key))
+    }
+
+    /// What consumers must see: selected services, all their slices (the cap is out of reach
+    /// here), and the pods those slices point at that exist.
+    fn expected(&self) -> BTreeMap<ObjKey, Object> {
+        let mut out = BTreeMap::new();
+        for (key, obj) in &self.objects {
+            let Object::Service(s) = obj else { continue };
+            let exported = s
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.get("mirror.linkerd.io/exported").is_some());
+            if !exported {
+                continue;
+            }
+            out.insert(key.clone(), obj.clone());
+            for (k, o) in &self.objects {
+                let Object::EndpointSlice(slice) = o else {
+                    continue;
+                };
+                let owner = slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL));
+                if owner.map(String::as_str) != Some(&*key.id.name) {
+                    continue;
+                }
+                out.insert(k.clone(), o.clone());
+                for pod in slice_pods(slice) {
+                    let pk = ObjKey {
+                        kind: Kind::Pod,
+                        id: pod,
+                    };
+                    if let Some(p) = self.objects.get(&pk) {
+                        out.insert(pk, p.clone());
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|(k, o)| (k, o.into_sanitized()))
+            .collect()
+    }
+
+    /// Answers the engine's pod fetches.
+    fn answer(&self, e: &mut Engine, now: Instant) {
+        for effect in e.take_effects() {
+            if let Effect::FetchPods(pods) = effect {
+                for id in pods {
+                    let key = ObjKey {
+                        kind: Kind::Pod,
+                        id,
+                    };
+                    if let Some(p) = self.objects.get(&key) {
+                        e.ingest(Change::Fetched(p.clone()), now);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn published(e: &Engine) -> BTreeMap<ObjKey, Object> {
+    let mut out = BTreeMap::new();
+    for kind in KINDS {
+        for s in e.view().list(kind).items {
+            out.insert(s.object.key(), s.object.clone());
+        }
+    }
+    out
+}
+
+/// Runs `ops`, then lets time pass; returns the engine, the model and the publication counter
+/// after every step, with its instant.
+async fn replay(ops: &[Op]) -> (Engine, Remote, Vec<(Instant, u64)>) {
+    let mut spec = mk_spec();
+    // Small buckets, so the budget is what limits the replay.
+    spec.rate_limit.per_link.updates_per_second = 4;
+    spec.rate_limit.per_link.burst = 3;
+    spec.rate_limit.per_service.updates_per_second = 2;
+    spec.rate_limit.per_service.burst = 2;
+    let mut e = synced(&spec, vec![]);
+    let mut remote = Remote::default();
+    let mut counts = vec![(Instant::now(), e.counters().downstream_updates)];
+    let step = Duration::from_millis(50);
+    let mut tick = |e: &mut Engine, remote: &Remote| {
+        let now = Instant::now();
+        e.poll(now);
+        remote.answer(e, now);
+        e.poll(now);
+        counts.push((now, e.counters().downstream_updates));
+    };
+    for op in ops {
+        if let Op::Wait { ms } = op {
+            let end = Instant::now() + Duration::from_millis(*ms);
+            while Instant::now() < end {
+                time::advance(step).await;
+                tick(&mut e, &remote);
+            }
+        } else if let Some(c) = remote.change(op) {
+            e.ingest(c, Instant::now());
+            tick(&mut e, &remote);
+        }
+    }
+    // Input stops: every pending group gets its turn within its windows and tokens.
+    for _ in 0..(60_000 / step.as_millis() as usize) {
+        time::advance(step).await;
+        tick(&mut e, &remote);
+    }
+    (e, remote, counts)
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+        .block_on(f)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn converges_to_upstream_within_the_budget(ops in proptest::collection::vec(op(), 1..60)) {
+        let (e, remote, counts) = block_on(replay(&ops));
+        prop_assert_eq!(published(&e), remote.expected());
+        // Over every window [t1, t2]: updates <= burst + rate * (t2 - t1).
+        for (i, (t1, c1)) in counts.iter().enumerate() {
+            for (t2, c2) in &counts[i..] {
+                let secs = t2.duration_since(*t1).as_secs_f64();
+                let allowed = 3.0 + 4.0 * secs;
+                prop_assert!(
+                    (c2 - c1) as f64 <= allowed + 1e-9,
+                    "{} updates in {secs:.2}s, budget {allowed:.2}", c2 - c1
+                );
+            }
+        }
+        let keys: BTreeSet<_> = published(&e).into_keys().collect();
+        prop_assert!(keys.iter().all(|k| k.kind != Kind::Pod || remote.objects.contains_key(k)));
+    }
+}
