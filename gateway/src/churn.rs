@@ -27,6 +27,7 @@ pub mod limit;
 pub mod object;
 mod publish;
 pub mod quarantine;
+pub mod restore;
 pub mod select;
 pub mod store;
 
@@ -164,6 +165,8 @@ pub struct Engine {
     relisting: HashMap<Kind, HashSet<NsName>>,
     /// Pods asked for and not seen since.
     fetching: HashSet<NsName>,
+    /// The publication count at which a full `fetching` may be scanned again.
+    fetch_prune_at: u64,
     synced_once: bool,
     republish: bool,
     effects: Vec<Effect>,
@@ -203,11 +206,18 @@ impl Engine {
             synced: HashSet::new(),
             relisting: HashMap::new(),
             fetching: HashSet::new(),
+            fetch_prune_at: 0,
             synced_once: false,
             republish: false,
             effects: Vec::new(),
             counters: Counters::default(),
         }
+    }
+
+    /// Sets the kinds followed upstream (known once the remote's discovery answered; a link
+    /// restored from disk starts before that).
+    pub fn set_kinds(&mut self, kinds: &[Kind]) {
+        self.kinds = kinds.to_vec();
     }
 
     /// The published view.
@@ -218,6 +228,11 @@ impl Engine {
     /// Running totals.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// Groups waiting to be published: coalescing, in line, or waiting for a token.
+    pub fn pending(&self) -> usize {
+        self.due.len() + self.ready.len() + self.parked.len()
     }
 
     /// Upstream objects held.

@@ -6,6 +6,7 @@
 //! - [`view`]: the published, versioned store consumers read, with history and fan-out.
 //! - [`upstream`]: the link's watchers on its remote API server.
 //! - [`link`]: one supervised task per link: upstream, engine, state.
+//! - [`persist`]: quarantine that survives restarts (state and last good view on disk).
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
@@ -17,6 +18,7 @@ pub mod churn;
 pub mod cli;
 pub mod kubeapi;
 pub mod link;
+pub mod persist;
 pub mod run;
 pub mod tls;
 pub mod upstream;

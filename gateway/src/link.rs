@@ -13,15 +13,15 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use crate::churn::quarantine::{RequestError, State, Transition};
-use crate::churn::{Counters, Effect, Engine};
+use crate::churn::{Counters, Engine};
 use crate::kubeapi::ApiStore;
 use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::kubeapi::status::StatusError;
-use crate::upstream::{self, Message, Remote, UpstreamCounters};
+use crate::persist::LinkDir;
+use crate::upstream::UpstreamCounters;
 use crate::view::{DEFAULT_HISTORY, View};
 
 /// Upstream messages waiting for the engine. When the engine falls behind, the watchers wait:
@@ -34,6 +34,8 @@ const BATCH: usize = 1024;
 
 /// The first and the longest wait between attempts to reach a remote.
 const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+mod task;
 
 /// What a link shows the rest of Floodgate.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -135,12 +137,13 @@ pub type Connect = Arc<
         + Sync,
 >;
 
-/// Starts a link's task.
+/// Starts a link's task. With a state directory, the link's quarantine survives restarts.
 pub fn spawn(
     name: &str,
     spec: LinkSpec,
     connect: Connect,
     incarnation: u32,
+    dir: Option<LinkDir>,
     shutdown: watch::Receiver<bool>,
 ) -> LinkHandle {
     let view = View::new(incarnation, DEFAULT_HISTORY);
@@ -153,18 +156,14 @@ pub fn spawn(
     let (servers_tx, has_servers) = watch::channel(false);
     // Operators' requests are rare; 16 is plenty, and a full queue makes the caller wait.
     let (commands_tx, commands) = mpsc::channel(16);
+    let out = task::Outputs {
+        state: state_tx,
+        version: version_tx,
+        has_servers: servers_tx,
+    };
     let task = tokio::spawn(
-        run(
-            spec,
-            connect,
-            view.clone(),
-            state_tx,
-            version_tx,
-            servers_tx,
-            commands,
-            shutdown,
-        )
-        .instrument(tracing::info_span!("link", link = %name)),
+        task::run(spec, connect, view.clone(), dir, out, commands, shutdown)
+            .instrument(tracing::info_span!("link", link = %name)),
     );
     LinkHandle {
         name: name.to_owned(),
@@ -175,141 +174,6 @@ pub fn spawn(
         commands: commands_tx,
         task,
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    spec: LinkSpec,
-    connect: Connect,
-    view: View,
-    state_tx: watch::Sender<LinkState>,
-    version_tx: watch::Sender<Option<Value>>,
-    servers_tx: watch::Sender<bool>,
-    mut commands: mpsc::Receiver<Command>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    // Connect, with backoff, until the remote answers discovery.
-    let mut backoff = CONNECT_BACKOFF.0;
-    let remote = loop {
-        let attempt = async {
-            let client = connect().await?;
-            let version = client.apiserver_version().await?;
-            let remote = Remote::discover(client, &spec.select.services).await?;
-            anyhow::Ok((remote, version))
-        };
-        match attempt.await {
-            Ok((remote, version)) => {
-                version_tx.send_replace(serde_json::to_value(version).ok());
-                servers_tx.send_replace(remote.has_servers);
-                break remote;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "cannot reach the remote");
-                state_tx.send_modify(|s| {
-                    s.phase = Phase::Degraded;
-                    s.message = format!("cannot reach the remote: {e}");
-                });
-            }
-        }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
-    };
-    tracing::info!(servers = remote.has_servers, "connected to the remote");
-
-    let mut engine = Engine::new(&spec, &remote.kinds(), view, Instant::now());
-    let counters = Arc::new(UpstreamCounters::default());
-    let (tx, mut rx) = mpsc::channel::<Message>(UPSTREAM_QUEUE);
-    let mut generation = 1;
-    let mut upstream = Some(upstream::start(
-        &remote,
-        generation,
-        tx.clone(),
-        counters.clone(),
-    ));
-    // Pod fetches the engine asked for; aborted with the link.
-    let mut fetches = tokio::task::JoinSet::new();
-    let mut next_wake: Option<Instant> = None;
-    loop {
-        let far = Instant::now() + Duration::from_secs(3600);
-        tokio::select! {
-            biased;
-            _ = shutdown.changed() => break,
-            Some(cmd) = commands.recv() => {
-                let now = Instant::now();
-                let (result, reply) = match cmd {
-                    Command::Release(reply) => (engine.release(), reply),
-                    Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
-                };
-                // The transition's effects are carried out below with the engine's others.
-                let _ = reply.send(result);
-            }
-            Some(msg) = rx.recv() => {
-                let now = Instant::now();
-                if msg.generation == generation {
-                    engine.ingest(msg.change, now);
-                }
-                for _ in 0..BATCH {
-                    match rx.try_recv() {
-                        Ok(m) if m.generation == generation => engine.ingest(m.change, now),
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
-                }
-            }
-            () = sleep_until(next_wake.unwrap_or(far)) => {}
-            Some(_) = fetches.join_next(), if !fetches.is_empty() => {}
-        }
-        next_wake = engine.poll(Instant::now());
-        for effect in engine.take_effects() {
-            match effect {
-                Effect::StopUpstream => {
-                    upstream = None;
-                    tracing::warn!("upstream stopped: the link is quarantined");
-                }
-                Effect::StartUpstream => {
-                    generation += 1;
-                    upstream = Some(upstream::start(
-                        &remote,
-                        generation,
-                        tx.clone(),
-                        counters.clone(),
-                    ));
-                    tracing::info!(generation, "upstream restarted");
-                }
-                Effect::FetchPods(pods) => {
-                    tracing::debug!(
-                        pods = pods.len(),
-                        "fetching pods that kept endpoints point at"
-                    );
-                    fetches.spawn(upstream::fetch_pods(
-                        remote.client.clone(),
-                        pods,
-                        generation,
-                        tx.clone(),
-                        counters.clone(),
-                    ));
-                }
-                Effect::Transition(t) => {
-                    tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
-                }
-            }
-        }
-        let state = link_state(&engine, &counters);
-        state_tx.send_if_modified(|s| {
-            let changed = s.phase != state.phase
-                || s.synced != state.synced
-                || s.counters != state.counters
-                || s.message != state.message;
-            *s = state;
-            changed
-        });
-    }
-    drop(upstream);
-    fetches.abort_all();
-    tracing::info!("link stopped");
 }
 
 fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {

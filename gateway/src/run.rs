@@ -145,20 +145,11 @@ pub fn link_token(state_dir: &Path, link: &str) -> anyhow::Result<String> {
 }
 
 fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
+    Ok(crate::persist::write_atomic(
+        path,
+        contents.as_bytes(),
+        0o600,
+    )?)
 }
 
 /// The facade's TLS material: from files, or generated once into the state directory.
@@ -252,6 +243,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
             l.spec.clone(),
             connect_from_file(l),
             incarnation(),
+            Some(crate::persist::LinkDir::new(&cfg.state_dir, &l.name)),
             shutdown.clone(),
         );
         apis.insert(

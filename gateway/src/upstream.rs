@@ -123,6 +123,22 @@ pub struct Upstream {
     _tasks: JoinSet<()>,
 }
 
+/// The watchers whose first list opens the pod watcher.
+const ENDPOINT_KINDS: u32 = 2;
+
+/// Start-up order between watchers. Pods are listed after the EndpointSlices and Endpoints
+/// that point at them, so the engine, which keeps only pods something points at, keeps them
+/// from the first sync on (and does not have to fetch them one by one).
+#[derive(Clone)]
+enum Gate {
+    /// Starts at once.
+    Open,
+    /// Starts at once; its first complete list adds one permit.
+    Opens(Arc<tokio::sync::Semaphore>),
+    /// Waits for both endpoint watchers' first lists (one watcher only: it takes the permits).
+    After(Arc<tokio::sync::Semaphore>),
+}
+
 /// Starts one watcher per kind, sending into `tx` with `generation`.
 pub fn start(
     remote: &Remote,
@@ -134,6 +150,7 @@ pub fn start(
     let c = &remote.client;
     let labelled = watcher::Config::default().labels(&remote.selector);
     let all = watcher::Config::default();
+    let lists = Arc::new(tokio::sync::Semaphore::new(0));
     spawn(
         &mut tasks,
         Kind::Service,
@@ -142,6 +159,7 @@ pub fn start(
         generation,
         &tx,
         &counters,
+        Gate::Open,
     );
     spawn(
         &mut tasks,
@@ -151,6 +169,7 @@ pub fn start(
         generation,
         &tx,
         &counters,
+        Gate::Opens(lists.clone()),
     );
     spawn(
         &mut tasks,
@@ -160,6 +179,7 @@ pub fn start(
         generation,
         &tx,
         &counters,
+        Gate::Opens(lists.clone()),
     );
     spawn(
         &mut tasks,
@@ -169,6 +189,7 @@ pub fn start(
         generation,
         &tx,
         &counters,
+        Gate::After(lists.clone()),
     );
     spawn(
         &mut tasks,
@@ -181,6 +202,7 @@ pub fn start(
         generation,
         &tx,
         &counters,
+        Gate::Open,
     );
     if remote.has_servers {
         let ar = ApiResource::from_gvk_with_plural(
@@ -201,11 +223,13 @@ pub fn start(
             generation,
             &tx,
             &counters,
+            Gate::Open,
         );
     }
     Upstream { _tasks: tasks }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn<K, S>(
     tasks: &mut JoinSet<()>,
     kind: Kind,
@@ -214,6 +238,7 @@ fn spawn<K, S>(
     generation: u64,
     tx: &mpsc::Sender<Message>,
     counters: &Arc<UpstreamCounters>,
+    gate: Gate,
 ) where
     K: kube::Resource + Send + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
@@ -221,6 +246,13 @@ fn spawn<K, S>(
     let tx = tx.clone();
     let counters = counters.clone();
     tasks.spawn(async move {
+        if let Gate::After(g) = &gate {
+            // Closed only when the upstream is dropped, and then this task is aborted too.
+            if let Ok(p) = g.acquire_many(ENDPOINT_KINDS).await {
+                p.forget();
+            }
+        }
+        let mut opened = false;
         let mut stream = std::pin::pin!(stream.default_backoff());
         while let Some(item) = stream.next().await {
             let change = match item {
@@ -230,7 +262,13 @@ fn spawn<K, S>(
                 }
                 // managedFields and the upstream resourceVersion are dropped by the engine on arrival.
                 Ok(Event::InitApply(o) | Event::Apply(o)) => Change::Apply(wrap(o)),
-                Ok(Event::InitDone) => Change::InitDone(kind),
+                Ok(Event::InitDone) => {
+                    if let (Gate::Opens(g), false) = (&gate, opened) {
+                        opened = true;
+                        g.add_permits(1);
+                    }
+                    Change::InitDone(kind)
+                }
                 Ok(Event::Delete(o)) => {
                     let meta = o.meta();
                     Change::Delete(ObjKey { kind, id: NsName::of(meta) })

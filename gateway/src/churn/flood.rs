@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 use floodgate_link_crd::LinkSpec;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::object::NsName;
@@ -18,7 +18,7 @@ use super::object::NsName;
 const BUCKET: Duration = Duration::from_secs(1);
 
 /// Why a link was quarantined.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reason {
     /// Relevant upstream events per second stayed over the threshold.
     EventRate,
@@ -42,7 +42,7 @@ impl fmt::Display for Reason {
 }
 
 /// What tripped a quarantine: the reason, a sentence, and the figures with their thresholds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trigger {
     /// The reason.
     pub reason: Reason,

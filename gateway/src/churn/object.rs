@@ -207,6 +207,27 @@ impl Object {
         self
     }
 
+    /// Decodes what [`Object::to_json`] wrote (a saved view): the kind comes from `kind`.
+    pub fn from_json(mut v: serde_json::Value) -> Result<Object, serde_json::Error> {
+        use serde::de::Error as _;
+        let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        let o = match kind {
+            "Service" => Object::Service(Arc::new(serde_json::from_value(v)?)),
+            "EndpointSlice" => Object::EndpointSlice(Arc::new(serde_json::from_value(v)?)),
+            "Endpoints" => Object::Endpoints(Arc::new(serde_json::from_value(v)?)),
+            "Pod" => Object::Pod(Arc::new(serde_json::from_value(v)?)),
+            "ReplicaSet" => {
+                let meta = v.get_mut("metadata").map(serde_json::Value::take);
+                Object::ReplicaSet(Arc::new(serde_json::from_value(meta.unwrap_or_default())?))
+            }
+            "Server" => Object::Server(Arc::new(serde_json::from_value(v)?)),
+            other => {
+                return Err(serde_json::Error::custom(format!("unknown kind {other:?}")));
+            }
+        };
+        Ok(o)
+    }
+
     /// The JSON a Kubernetes client expects, with `kind`, `apiVersion` and the given
     /// resourceVersion.
     pub fn to_json(&self, resource_version: &str) -> serde_json::Value {

@@ -21,6 +21,9 @@ use super::store::Store;
 use super::{Effect, Engine, GroupState, MAX_FETCHING};
 use crate::view::Change as ViewChange;
 
+/// Publications between two scans of the pods being fetched, once that set is full.
+const PRUNE_EVERY: u64 = 512;
+
 /// What a service's publication holds.
 struct Desired {
     objects: Vec<Object>,
@@ -110,11 +113,16 @@ impl Engine {
         if missing.is_empty() {
             return;
         }
-        if self.fetching.len() + missing.len() > MAX_FETCHING {
-            // Pods whose fetch found nothing, or that nothing points at any more.
+        if self.fetching.len() + missing.len() > MAX_FETCHING
+            && self.counters.downstream_updates >= self.fetch_prune_at
+        {
+            // Forget pods whose fetch found nothing or that nothing points at any more. At most
+            // once every PRUNE_EVERY publications: a full set of pods that stay missing must not
+            // cost a scan of the set on every publication.
             let store = &self.store;
             self.fetching
                 .retain(|p| store.wants_pod(p) && store.pod(p).is_none());
+            self.fetch_prune_at = self.counters.downstream_updates + PRUNE_EVERY;
         }
         let mut ask = Vec::new();
         for pod in missing {

@@ -192,6 +192,25 @@ impl Machine {
         Ok(self.enter(State::Quarantined(q), message))
     }
 
+    /// Puts back a quarantine saved before a restart. It began at `since`; an auto-release
+    /// cool-down starts over from `now` (the flood may have gone on while nobody watched).
+    pub fn restore(
+        &mut self,
+        now: Instant,
+        since: Instant,
+        trigger: Trigger,
+        before_first_sync: bool,
+        cooldown: Option<Duration>,
+    ) {
+        self.state = State::Quarantined(Quarantine {
+            since,
+            trigger,
+            before_first_sync,
+            cooldown,
+            next_check: cooldown.map(|c| now + c),
+        });
+    }
+
     /// An operator releases the link.
     pub fn release(&mut self) -> Result<Transition, RequestError> {
         if !self.is_frozen() {

@@ -219,3 +219,75 @@ async fn endpoints_over_the_threshold_quarantine() {
         "tripped by the 11th slice"
     );
 }
+
+/// A quarantine saved before a restart comes back with its view; on release the link follows
+/// upstream again and deletes what is gone there.
+#[tokio::test(start_paused = true)]
+async fn a_restored_quarantine_serves_its_view_and_converges_on_release() {
+    use crate::churn::restore::Saved;
+    let before = vec![
+        mk_service("web", true),
+        mk_slice("web", "web-1", &[(1, true)]),
+        mk_pod("web-1", "Running"),
+        mk_service("old", true),
+    ];
+    let mut first = synced(&mk_spec(), before);
+    first
+        .quarantine(Instant::now(), "maintenance")
+        .expect("quarantined");
+    let objects: Vec<Object> = KINDS
+        .iter()
+        .flat_map(|k| first.view().list(*k).items)
+        .map(|s| s.object.clone())
+        .collect();
+    assert_eq!(objects.len(), 4);
+
+    let now = Instant::now();
+    let mut e = Engine::new(&mk_spec(), &KINDS, View::new(2, 1000), now);
+    e.restore_quarantined(
+        now,
+        Saved {
+            trigger: crate::churn::flood::Trigger::manual("maintenance"),
+            since: now,
+            before_first_sync: false,
+            cooldown: None,
+            objects,
+        },
+    );
+    assert_eq!(e.phase(), Phase::Quarantined);
+    assert!(e.synced_once(), "a restored view is served at once");
+    assert_eq!(e.view().len(Kind::Service), 2);
+    assert_eq!(e.counters().services, 2);
+    run(&mut e, Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert_eq!(e.view().len(Kind::Service), 2, "frozen while quarantined");
+
+    e.release().expect("released");
+    assert!(e.take_effects().contains(&Effect::StartUpstream));
+    relist(
+        &mut e,
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-1", &[(2, true)]),
+            mk_pod("web-2", "Running"),
+        ],
+    );
+    run(&mut e, Duration::from_secs(5), Duration::from_millis(100)).await;
+    assert_eq!(e.phase(), Phase::Healthy);
+    assert!(
+        e.view()
+            .get(&ObjKey {
+                kind: Kind::Service,
+                id: NsName::new("ns", "old")
+            })
+            .is_none(),
+        "gone upstream, deleted downstream"
+    );
+    let pods: Vec<String> = e
+        .view()
+        .list(Kind::Pod)
+        .items
+        .iter()
+        .map(|s| s.object.key().id.to_string())
+        .collect();
+    assert_eq!(pods, ["ns/web-2"]);
+}

@@ -1,0 +1,251 @@
+//! The task of one link: connect to the remote (retried with backoff), run the upstream
+//! watchers, feed the engine, sleep until its next deadline, carry out its effects, save and
+//! clear its quarantine on disk, and publish its state.
+//!
+//! A link restored quarantined from disk serves its saved view at once, before the remote
+//! answers (which it may never do while the flood lasts), and starts its watchers only when
+//! released. Operators' requests are answered while the link is still connecting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate_link_crd::{LinkSpec, Phase};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+
+use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE, link_state};
+use crate::churn::object::Kind;
+use crate::churn::quarantine::State;
+use crate::churn::{Effect, Engine};
+use crate::persist::LinkDir;
+use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
+use crate::view::View;
+
+/// Where a link's state goes.
+pub(super) struct Outputs {
+    pub state: watch::Sender<LinkState>,
+    pub version: watch::Sender<Option<Value>>,
+    pub has_servers: watch::Sender<bool>,
+}
+
+/// Saving and clearing a quarantine, in order, off the link's task (a view can be megabytes).
+enum Persist {
+    Save(crate::churn::quarantine::Quarantine, Instant),
+    Clear,
+}
+
+/// Persistence requests waiting; transitions are rare, 8 is plenty, and a full queue makes the
+/// link wait rather than lose the order of save and clear.
+const PERSIST_QUEUE: usize = 8;
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    spec: LinkSpec,
+    connect: Connect,
+    view: View,
+    dir: Option<LinkDir>,
+    out: Outputs,
+    mut commands: mpsc::Receiver<Command>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let now = Instant::now();
+    // Until discovery says whether the remote serves Linkerd's Servers, expect every kind.
+    let mut engine = Engine::new(&spec, &Kind::ALL, view.clone(), now);
+    if let Some(d) = &dir {
+        match d.load(now) {
+            Ok(Some(saved)) => {
+                tracing::warn!(
+                    objects = saved.objects.len(),
+                    reason = %saved.trigger.reason,
+                    "restored a quarantine from disk: serving its view until released"
+                );
+                engine.restore_quarantined(now, saved);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "ignoring the saved quarantine"),
+        }
+    }
+    let persist = dir.map(|d| spawn_persister(d, view));
+
+    let counters = Arc::new(UpstreamCounters::default());
+    let (tx, mut rx) = mpsc::channel::<Message>(UPSTREAM_QUEUE);
+    let mut remote: Option<Remote> = None;
+    let mut connecting = std::pin::pin!(connect_with_backoff(
+        connect,
+        spec.select.services.clone(),
+        &out,
+    ));
+    let mut generation = 1;
+    let mut upstream: Option<Upstream> = None;
+    // Pod fetches the engine asked for; aborted with the link.
+    let mut fetches = JoinSet::new();
+    let mut next_wake: Option<Instant> = None;
+    loop {
+        publish_state(&engine, &counters, remote.is_some(), &out);
+        let far = Instant::now() + Duration::from_secs(3600);
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(cmd) = commands.recv() => {
+                let now = Instant::now();
+                let (result, reply) = match cmd {
+                    Command::Release(reply) => (engine.release(), reply),
+                    Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
+                };
+                // The transition's effects are carried out below with the engine's others.
+                let _ = reply.send(result);
+            }
+            r = &mut connecting, if remote.is_none() => {
+                tracing::info!(servers = r.has_servers, "connected to the remote");
+                engine.set_kinds(&r.kinds());
+                if !matches!(engine.state(), State::Quarantined(_)) {
+                    upstream = Some(upstream::start(&r, generation, tx.clone(), counters.clone()));
+                }
+                remote = Some(r);
+            }
+            Some(msg) = rx.recv() => {
+                let now = Instant::now();
+                if msg.generation == generation {
+                    engine.ingest(msg.change, now);
+                }
+                for _ in 0..BATCH {
+                    match rx.try_recv() {
+                        Ok(m) if m.generation == generation => engine.ingest(m.change, now),
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+            () = sleep_until(next_wake.unwrap_or(far)) => {}
+            Some(_) = fetches.join_next(), if !fetches.is_empty() => {}
+        }
+        let now = Instant::now();
+        next_wake = engine.poll(now);
+        for effect in engine.take_effects() {
+            match effect {
+                Effect::StopUpstream => {
+                    upstream = None;
+                    fetches.abort_all();
+                    tracing::warn!("upstream stopped: the link is quarantined");
+                }
+                Effect::StartUpstream => {
+                    generation += 1;
+                    if let Some(r) = &remote {
+                        upstream =
+                            Some(upstream::start(r, generation, tx.clone(), counters.clone()));
+                        tracing::info!(generation, "upstream restarted");
+                    }
+                }
+                Effect::FetchPods(pods) => {
+                    if let Some(r) = &remote {
+                        tracing::debug!(pods = pods.len(), "fetching pods kept endpoints point at");
+                        fetches.spawn(upstream::fetch_pods(
+                            r.client.clone(),
+                            pods,
+                            generation,
+                            tx.clone(),
+                            counters.clone(),
+                        ));
+                    }
+                }
+                Effect::Transition(t) => {
+                    tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
+                    if let Some(p) = &persist {
+                        let op = match engine.state() {
+                            State::Quarantined(q) => Some(Persist::Save(q.clone(), now)),
+                            State::Active => Some(Persist::Clear),
+                            State::Rechecking { .. } => None,
+                        };
+                        if let Some(op) = op {
+                            let _ = p.send(op).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    drop(upstream);
+    fetches.abort_all();
+    tracing::info!("link stopped");
+}
+
+/// Connects until the remote answers `/version` and discovery. Errors are reported in the
+/// link's state as they happen (a quarantined link keeps its quarantine message); the future
+/// only ends with a remote.
+async fn connect_with_backoff(
+    connect: Connect,
+    selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    out: &Outputs,
+) -> Remote {
+    let mut backoff = CONNECT_BACKOFF.0;
+    loop {
+        let attempt = async {
+            let client = connect().await?;
+            let version = client.apiserver_version().await?;
+            let remote = Remote::discover(client, &selector).await?;
+            anyhow::Ok((remote, version))
+        };
+        match attempt.await {
+            Ok((remote, version)) => {
+                out.version.send_replace(serde_json::to_value(version).ok());
+                out.has_servers.send_replace(remote.has_servers);
+                return remote;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "cannot reach the remote");
+                let message = format!("cannot reach the remote: {e}");
+                out.state.send_modify(|s| {
+                    if s.phase != Phase::Quarantined {
+                        s.phase = Phase::Degraded;
+                        s.message.clone_from(&message);
+                    }
+                });
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
+    }
+}
+
+/// Publishes the link's state. Until the remote answers, the link is Degraded (unless it is
+/// quarantined) and keeps the message the connect loop wrote.
+fn publish_state(engine: &Engine, counters: &UpstreamCounters, connected: bool, out: &Outputs) {
+    let mut state = link_state(engine, counters);
+    let quarantined = state.phase == Phase::Quarantined;
+    out.state.send_if_modified(|s| {
+        if !connected && !quarantined {
+            state.phase = Phase::Degraded;
+            state.message.clone_from(&s.message);
+        }
+        let changed = s.phase != state.phase
+            || s.synced != state.synced
+            || s.counters != state.counters
+            || s.message != state.message;
+        *s = state;
+        changed
+    });
+}
+
+fn spawn_persister(dir: LinkDir, view: View) -> mpsc::Sender<Persist> {
+    let (tx, mut rx) = mpsc::channel::<Persist>(PERSIST_QUEUE);
+    tokio::spawn(async move {
+        while let Some(op) = rx.recv().await {
+            let (d, view) = (dir.clone(), view.clone());
+            let result = match op {
+                // The view is frozen while quarantined: what it holds now is what is served.
+                Persist::Save(q, now) => {
+                    tokio::task::spawn_blocking(move || d.save(&q, now, &view)).await
+                }
+                Persist::Clear => tokio::task::spawn_blocking(move || d.clear()).await,
+            };
+            match result {
+                Ok(Ok(())) => tracing::info!("quarantine state saved"),
+                Ok(Err(e)) => tracing::error!(error = %e, "saving the quarantine state failed"),
+                Err(e) => tracing::error!(error = %e, "the quarantine writer panicked"),
+            }
+        }
+    });
+    tx
+}
