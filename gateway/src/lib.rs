@@ -7,6 +7,7 @@
 //! - [`upstream`]: the link's watchers on its remote API server.
 //! - [`link`]: one supervised task per link: upstream, engine, state.
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
+//! - [`grpc`]: `floodgate.v1` endpoint snapshots, link listing and gRPC health.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
@@ -15,6 +16,7 @@
 
 pub mod churn;
 pub mod cli;
+pub mod grpc;
 pub mod kubeapi;
 pub mod link;
 pub mod run;
