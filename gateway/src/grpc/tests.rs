@@ -323,3 +323,48 @@ async fn streams_end_on_shutdown() {
         .expect("ends within 5 s");
     assert!(end.is_none(), "the stream ended");
 }
+
+#[test]
+fn the_grpc_flag_defaults_to_8090_and_insecure_http_keeps_it_on_loopback() {
+    use clap::Parser as _;
+
+    use crate::cli::{Cli, Command};
+    let dir = std::env::temp_dir().join(format!("floodgate-grpc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("links.yaml");
+    std::fs::write(
+        &file,
+        "links:\n- name: east\n  spec:\n    remote:\n      kubeconfigPath: /nonexistent\n",
+    )
+    .expect("write");
+    let run = |extra: &[&str]| {
+        let mut argv = vec![
+            "floodgate",
+            "run",
+            "--config",
+            file.to_str().expect("utf-8"),
+        ];
+        argv.extend(extra);
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Run(args) => args,
+            other => panic!("not run: {other:?}"),
+        }
+    };
+    let args = run(&[]);
+    assert_eq!(args.grpc_listen.to_string(), "0.0.0.0:8090");
+    let cfg = args.to_config().expect("valid");
+    assert_eq!(cfg.grpc_listen.to_string(), "0.0.0.0:8090");
+    let err = run(&["--listen", "127.0.0.1:6443", "--insecure-http"])
+        .to_config()
+        .expect_err("plain gRPC on every interface is refused");
+    assert!(err.to_string().contains("--grpc-listen"), "{err}");
+    let ok = run(&[
+        "--listen",
+        "127.0.0.1:6443",
+        "--grpc-listen",
+        "127.0.0.1:8090",
+        "--insecure-http",
+    ]);
+    assert!(ok.to_config().is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
