@@ -45,8 +45,7 @@ pub const MAX_STREAMS_PER_LINK: usize = 10_000;
 /// server is dropped (a health `Watch` never ends by itself).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// What the gRPC server needs of one link.
-#[derive(Debug)]
+/// What the gRPC server needs of one link. Its `Debug` leaves the token out.
 pub struct MirrorLink {
     /// Its name.
     pub name: String,
@@ -57,6 +56,19 @@ pub struct MirrorLink {
     /// Its state (phase, sync, counters).
     pub state: watch::Receiver<LinkState>,
     streams: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for MirrorLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MirrorLink")
+            .field("name", &self.name)
+            .field("token", &"<redacted>")
+            .field(
+                "streams_open",
+                &(MAX_STREAMS_PER_LINK - self.streams.available_permits()),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl MirrorLink {

@@ -156,6 +156,16 @@ async fn tokens_open_exactly_their_own_link() {
     );
 }
 
+#[test]
+fn debug_output_never_shows_a_token() {
+    let f = fixture();
+    let shown = format!("{:?}", f.service);
+    assert!(
+        shown.contains("east") && !shown.contains("t-east"),
+        "{shown}"
+    );
+}
+
 #[tokio::test]
 async fn list_links_shows_only_the_tokens_own_link() {
     let f = fixture();
