@@ -73,8 +73,8 @@ pub struct RunArgs {
     /// Extra names for the generated certificate (the Service's DNS name, say); repeatable.
     #[arg(long = "tls-host", env = "FLOODGATE_TLS_HOSTS", value_delimiter = ',')]
     pub tls_hosts: Vec<String>,
-    /// Serve the facade (and gRPC) over plain HTTP. Only on a loopback address, for tests: client-go sends
-    /// no bearer token over HTTP.
+    /// Serve the facade (and gRPC) over plain HTTP. Only on loopback addresses, for tests:
+    /// client-go sends no bearer token over HTTP.
     #[arg(long, env = "FLOODGATE_INSECURE_HTTP")]
     pub insecure_http: bool,
 }

@@ -216,7 +216,12 @@ impl Mirror for MirrorService {
             ))
         })?;
         let (tx, rx) = mpsc::channel(stream::STREAM_BUFFER);
-        let span = tracing::debug_span!("grpc_watch", link = %link.name, service = %request.get_ref().service);
+        let span = tracing::info_span!(
+            "grpc_watch",
+            link = %link.name,
+            service = %request.get_ref().service,
+            peer = ?request.remote_addr(),
+        );
         tokio::spawn(tracing::Instrument::instrument(
             stream::run(link, only, tx, self.shutdown.clone(), slot),
             span,

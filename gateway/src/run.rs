@@ -2,9 +2,9 @@
 //! endpoints, in one process.
 //!
 //! Tasks: one per link ([`crate::link`]), the facade's accept loop with one task per connection
-//! ([`crate::tls`]), the admin listener, and the gRPC server ([`crate::grpc`]). The state directory keeps what must survive a
-//! restart so consumers keep working: each link's bearer token and, when Floodgate generated
-//! its own certificate, the CA consumers trust.
+//! ([`crate::tls`]), the admin listener, and the gRPC server ([`crate::grpc`]). The state
+//! directory keeps what must survive a restart so consumers keep working: each link's bearer
+//! token and, when Floodgate generated its own certificate, the CA consumers trust.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
