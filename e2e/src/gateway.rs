@@ -41,6 +41,7 @@ impl Stack {
             },
             listen: "127.0.0.1:0".parse()?,
             admin_listen: "127.0.0.1:0".parse()?,
+            grpc_listen: "127.0.0.1:0".parse()?,
             state_dir: dir.path().join("state"),
             tls: TlsSource::SelfSigned,
             hosts: vec![],
@@ -83,6 +84,22 @@ impl Stack {
     /// The state of link `east`.
     pub fn link(&self) -> floodgate::link::LinkState {
         self.floodgate.links[0].state.borrow().clone()
+    }
+
+    /// The gRPC endpoint of Floodgate (`https://127.0.0.1:PORT`; its certificate is valid for
+    /// `localhost` and signed by [`Stack::ca_pem`]).
+    pub fn grpc_url(&self) -> String {
+        format!("https://{}", self.floodgate.grpc_addr)
+    }
+
+    /// The CA Floodgate's listeners (facade and gRPC) present certificates from.
+    pub fn ca_pem(&self) -> &str {
+        self.floodgate.ca_pem.as_deref().unwrap_or_default()
+    }
+
+    /// The bearer token of link `east`.
+    pub fn token(&self) -> &str {
+        self.floodgate.token("east").unwrap_or_default()
     }
 
     /// The temporary directory (kubeconfigs, state).

@@ -557,6 +557,7 @@ async fn a_broken_link_harms_no_other_and_holds_readiness() {
         },
         listen: "127.0.0.1:0".parse().expect("addr"),
         admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        grpc_listen: "127.0.0.1:0".parse().expect("addr"),
         state_dir: dir.path().join("state"),
         tls: floodgate::run::TlsSource::SelfSigned,
         hosts: vec![],

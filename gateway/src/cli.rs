@@ -53,6 +53,9 @@ pub struct RunArgs {
     /// Where /livez and /readyz (and the admin API) listen.
     #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9990")]
     pub admin_listen: std::net::SocketAddr,
+    /// Where the gRPC API (`floodgate.v1.Mirror`, `grpc.health.v1`) listens; TLS like the facade.
+    #[arg(long, env = "FLOODGATE_GRPC_LISTEN", default_value = "0.0.0.0:8090")]
+    pub grpc_listen: std::net::SocketAddr,
     /// Directory for link tokens and the generated CA; keep it across restarts.
     #[arg(
         long,
@@ -70,8 +73,8 @@ pub struct RunArgs {
     /// Extra names for the generated certificate (the Service's DNS name, say); repeatable.
     #[arg(long = "tls-host", env = "FLOODGATE_TLS_HOSTS", value_delimiter = ',')]
     pub tls_hosts: Vec<String>,
-    /// Serve the facade over plain HTTP. Only on a loopback address, for tests: client-go sends
-    /// no bearer token over HTTP.
+    /// Serve the facade (and gRPC) over plain HTTP. Only on loopback addresses, for tests:
+    /// client-go sends no bearer token over HTTP.
     #[arg(long, env = "FLOODGATE_INSECURE_HTTP")]
     pub insecure_http: bool,
 }
@@ -87,6 +90,12 @@ impl RunArgs {
                     self.listen
                 )));
             }
+            (_, _, true) if !self.grpc_listen.ip().is_loopback() => {
+                return Err(CheckError::Usage(format!(
+                    "--insecure-http needs a loopback --grpc-listen address too, not {}",
+                    self.grpc_listen
+                )));
+            }
             (_, _, true) => crate::run::TlsSource::InsecureHttp,
             (Some(cert), Some(key), false) => crate::run::TlsSource::Files {
                 cert: cert.clone(),
@@ -98,6 +107,7 @@ impl RunArgs {
             links,
             listen: self.listen,
             admin_listen: self.admin_listen,
+            grpc_listen: self.grpc_listen,
             state_dir: self.state_dir.clone(),
             tls,
             hosts: self.tls_hosts.clone(),

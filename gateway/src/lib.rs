@@ -8,6 +8,7 @@
 //! - [`link`]: one supervised task per link: upstream, engine, state.
 //! - [`persist`]: quarantine that survives restarts (state and last good view on disk).
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
+//! - [`grpc`]: `floodgate.v1` endpoint snapshots, link listing and gRPC health.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
@@ -16,6 +17,7 @@
 
 pub mod churn;
 pub mod cli;
+pub mod grpc;
 pub mod kubeapi;
 pub mod link;
 pub mod persist;

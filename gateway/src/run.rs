@@ -2,9 +2,9 @@
 //! endpoints, in one process.
 //!
 //! Tasks: one per link ([`crate::link`]), the facade's accept loop with one task per connection
-//! ([`crate::tls`]), and the admin listener. The state directory keeps what must survive a
-//! restart so consumers keep working: each link's bearer token and, when Floodgate generated
-//! its own certificate, the CA consumers trust.
+//! ([`crate::tls`]), the admin listener, and the gRPC server ([`crate::grpc`]). The state
+//! directory keeps what must survive a restart so consumers keep working: each link's bearer
+//! token and, when Floodgate generated its own certificate, the CA consumers trust.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::grpc;
 use crate::kubeapi::{self, Api, Links};
 use crate::link::{self, Connect, LinkHandle, LinkStore};
 use crate::tls::{self, TlsMaterial};
@@ -48,6 +49,8 @@ pub struct RunConfig {
     pub listen: SocketAddr,
     /// The admin address (health, and later the admin API).
     pub admin_listen: SocketAddr,
+    /// The gRPC address (`floodgate.v1.Mirror` and `grpc.health.v1`).
+    pub grpc_listen: SocketAddr,
     /// Tokens and generated certificates live here.
     pub state_dir: PathBuf,
     /// The facade's certificate.
@@ -63,6 +66,8 @@ pub struct Running {
     pub facade_addr: SocketAddr,
     /// The admin address.
     pub admin_addr: SocketAddr,
+    /// The gRPC address.
+    pub grpc_addr: SocketAddr,
     /// The CA consumers trust (PEM), when serving TLS.
     pub ca_pem: Option<String>,
     /// The links.
@@ -90,6 +95,11 @@ impl Running {
             self.ca_pem.as_deref(),
             link,
         ))
+    }
+
+    /// The bearer token of `link` (for in-process consumers, gRPC ones included).
+    pub fn token(&self, link: &str) -> Option<&str> {
+        self.tokens.get(link).map(String::as_str)
     }
 
     /// True when every link has completed its first sync.
@@ -288,16 +298,36 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
             tracing::error!(error = %e, "the admin listener stopped");
         }
     });
-    tracing::info!(%facade_addr, %admin_addr, links = links.len(), tls = tls.is_some(), "floodgate is serving");
+    let grpc = TcpListener::bind(cfg.grpc_listen)
+        .await
+        .with_context(|| format!("binding gRPC to {}", cfg.grpc_listen))?;
+    let grpc_addr = grpc.local_addr()?;
+    let mirror = grpc::MirrorService::new(
+        links
+            .iter()
+            .filter_map(|l| Some(grpc::MirrorLink::of(l, tokens.get(&l.name)?))),
+        shutdown.clone(),
+    );
+    let grpc_tls = tls
+        .as_ref()
+        .map(|m| grpc::tls_config(&m.cert_pem, &m.key_pem));
+    let grpc_shutdown = shutdown.clone();
+    let grpc_task = tokio::spawn(async move {
+        if let Err(e) = grpc::serve(grpc, mirror, grpc_tls, grpc_shutdown).await {
+            tracing::error!(error = %e, "the gRPC listener stopped");
+        }
+    });
+    tracing::info!(%facade_addr, %admin_addr, %grpc_addr, links = links.len(), tls = tls.is_some(), "floodgate is serving");
     Ok(Running {
         facade_addr,
         admin_addr,
+        grpc_addr,
         ca_pem: tls.map(|m| m.ca_pem),
         links,
         apis,
         tokens,
         shutdown: shutdown_tx,
-        tasks: vec![facade_task, admin_task],
+        tasks: vec![facade_task, admin_task, grpc_task],
     })
 }
 
