@@ -7,16 +7,20 @@
 //! - [`upstream`]: the link's watchers on its remote API server.
 //! - [`link`]: one supervised task per link: upstream, engine, state.
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
+//! - [`admin`]: the admin API: links, release and quarantine, config, the status page.
+//! - [`metrics`]: Prometheus metrics per link, computed at scrape time.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod churn;
 pub mod cli;
 pub mod kubeapi;
 pub mod link;
+pub mod metrics;
 pub mod run;
 pub mod tls;
 pub mod upstream;

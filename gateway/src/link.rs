@@ -4,6 +4,7 @@
 //! and the admin API. A link that cannot reach its remote retries with backoff and reports
 //! `Degraded`; nothing it does touches another link.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -57,6 +58,21 @@ pub struct LinkState {
     pub upstream_errors: u64,
     /// Upstream relists so far (initial lists included).
     pub upstream_relists: u64,
+    /// When the quarantine in force began (the engine's clock: convert at the edges).
+    #[serde(skip)]
+    pub quarantine_since: Option<Instant>,
+    /// The figures (measurements and thresholds) that tripped the quarantine in force.
+    pub quarantine_figures: BTreeMap<String, i64>,
+    /// The quarantine machine's state: `Active`, `Quarantined` or `Rechecking`.
+    pub quarantine_state: &'static str,
+    /// Quarantine state changes so far.
+    pub quarantine_transitions: u64,
+    /// Upstream watch errors that were undecodable JSON.
+    pub upstream_decode_errors: u64,
+    /// Objects applied or deleted upstream, per resource kind (initial lists included).
+    pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
+    /// True once the link has reached its remote and runs its engine (it takes commands).
+    pub connected: bool,
 }
 
 /// An operator's request to a link.
@@ -230,6 +246,7 @@ async fn run(
         counters.clone(),
     ));
     let mut next_wake: Option<Instant> = None;
+    let mut transitions = 0;
     loop {
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {
@@ -277,11 +294,13 @@ async fn run(
                     tracing::info!(generation, "upstream restarted");
                 }
                 Effect::Transition(t) => {
+                    transitions += 1;
                     tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
                 }
             }
         }
-        let state = link_state(&engine, &counters);
+        let mut state = link_state(&engine, &counters);
+        state.quarantine_transitions = transitions;
         state_tx.send_if_modified(|s| {
             let changed = s.phase != state.phase
                 || s.synced != state.synced
@@ -313,6 +332,32 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
         objects_held: engine.objects_held(),
         upstream_errors: counters.errors.load(Ordering::Relaxed),
         upstream_relists: counters.relists.load(Ordering::Relaxed),
+        quarantine_since: match engine.state() {
+            State::Active => None,
+            State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => Some(q.since),
+        },
+        quarantine_figures: quarantine_figures(engine.state()),
+        quarantine_state: match engine.state() {
+            State::Active => "Active",
+            State::Quarantined(_) => "Quarantined",
+            State::Rechecking { .. } => "Rechecking",
+        },
+        quarantine_transitions: 0,
+        upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
+        upstream_events_by_kind: crate::churn::object::Kind::ALL
+            .iter()
+            .map(|k| (k.name(), counters.events_of(*k)))
+            .collect(),
+        connected: true,
+    }
+}
+
+fn quarantine_figures(state: &State) -> BTreeMap<String, i64> {
+    match state {
+        State::Active => BTreeMap::new(),
+        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => {
+            q.trigger.figures.clone()
+        }
     }
 }
 
