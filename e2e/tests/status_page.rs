@@ -113,7 +113,8 @@ async fn the_status_page_releases_a_quarantined_link_in_chromium() {
             "args": [
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", format!("--user-data-dir={}", profile.path().display()),
+                "--no-first-run", "--window-size=1280,800",
+                format!("--user-data-dir={}", profile.path().display()),
             ],
         }),
     );
@@ -130,6 +131,12 @@ async fn the_status_page_releases_a_quarantined_link_in_chromium() {
         .expect("load the status page");
     let row = r#"tr[data-link="east"]"#;
     wait_text(&c, &format!("{row} .phase"), "Quarantined").await;
+    // A few samples, so the sparklines have something to draw; a picture for people.
+    wait_text(&c, &format!("{row} .phase"), "Quarantined").await;
+    let shot = c.screenshot().await.expect("screenshot");
+    let shot_path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    std::fs::write(&shot_path, shot).expect("write the screenshot");
+    eprintln!("status page screenshot: {}", shot_path.display());
     let lines = c
         .find_all(Locator::Css(&format!("{row} svg.spark polyline")))
         .await
