@@ -466,3 +466,20 @@ async fn metrics_parse_and_follow_the_links() {
         assert!(value(name, &east) >= 0.0, "{name}");
     }
 }
+
+#[test]
+fn the_token_file_is_trimmed_and_must_hold_a_token() {
+    let dir = std::env::temp_dir().join(format!("floodgate-admin-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let good = dir.join("token");
+    std::fs::write(&good, "  abc123\n").expect("write");
+    assert_eq!(read_token(&good).expect("token"), "abc123");
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n").expect("write");
+    assert!(matches!(read_token(&empty), Err(TokenError::Empty(_))));
+    assert!(matches!(
+        read_token(&dir.join("missing")),
+        Err(TokenError::Read { .. })
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
