@@ -17,6 +17,8 @@ pub struct Stack {
     pub sim: RunningSim,
     /// The gateway.
     pub floodgate: Running,
+    /// The admin API's bearer token (in a file the gateway was started with).
+    pub admin_token: String,
     dir: tempfile::TempDir,
 }
 
@@ -32,6 +34,9 @@ impl Stack {
             kubeconfig_path: Some(remote.display().to_string()),
             ..RemoteSpec::default()
         };
+        let admin_token = "admin-token".to_owned();
+        let token_file = dir.path().join("admin-token");
+        std::fs::write(&token_file, format!("{admin_token}\n"))?;
         let cfg = RunConfig {
             links: LinksFile {
                 links: vec![NamedLink {
@@ -45,6 +50,7 @@ impl Stack {
             state_dir: dir.path().join("state"),
             tls: TlsSource::SelfSigned,
             hosts: vec![],
+            admin_token_file: Some(token_file),
         };
         let floodgate = floodgate::run::start(cfg).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -58,6 +64,7 @@ impl Stack {
         Ok(Self {
             sim,
             floodgate,
+            admin_token,
             dir,
         })
     }
@@ -100,6 +107,11 @@ impl Stack {
     /// The bearer token of link `east`.
     pub fn token(&self) -> &str {
         self.floodgate.token("east").unwrap_or_default()
+    }
+
+    /// The admin API's address (plain HTTP on loopback).
+    pub fn admin_addr(&self) -> std::net::SocketAddr {
+        self.floodgate.admin_addr
     }
 
     /// The temporary directory (kubeconfigs, state).

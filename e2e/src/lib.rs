@@ -1,9 +1,11 @@
 //! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
-//! ([`drivers`]), the scenario tests in `tests/`, and the demo (`src/bin/demo.rs`).
+//! ([`drivers`]), a client of the admin API ([`admin`]), the scenario tests in `tests/`, and the
+//! demo (`src/bin/demo.rs`).
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod drivers;
 pub mod gateway;
 pub mod sim;

@@ -561,6 +561,7 @@ async fn a_broken_link_harms_no_other_and_holds_readiness() {
         state_dir: dir.path().join("state"),
         tls: floodgate::run::TlsSource::SelfSigned,
         hosts: vec![],
+        admin_token_file: None,
     };
     let running = floodgate::run::start(cfg).await.expect("floodgate");
     let good_client =

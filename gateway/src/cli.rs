@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// client-go sends no bearer token over HTTP.
     #[arg(long, env = "FLOODGATE_INSECURE_HTTP")]
     pub insecure_http: bool,
+    /// A file holding the admin API's bearer token (POST /links/NAME/release and /quarantine);
+    /// without it those routes answer 403.
+    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -111,6 +115,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             tls,
             hosts: self.tls_hosts.clone(),
+            admin_token_file: self.admin_token_file.clone(),
         })
     }
 }

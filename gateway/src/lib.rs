@@ -9,17 +9,21 @@
 //! - [`persist`]: quarantine that survives restarts (state and last good view on disk).
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
 //! - [`grpc`]: `floodgate.v1` endpoint snapshots, link listing and gRPC health.
+//! - [`admin`]: the admin API: links, release and quarantine, config, the status page.
+//! - [`metrics`]: Prometheus metrics per link, computed at scrape time.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod churn;
 pub mod cli;
 pub mod grpc;
 pub mod kubeapi;
 pub mod link;
+pub mod metrics;
 pub mod persist;
 pub mod run;
 pub mod tls;

@@ -4,6 +4,7 @@
 //! and the admin API. A link that cannot reach its remote retries with backoff and reports
 //! `Degraded`; nothing it does touches another link.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::churn::quarantine::{RequestError, State, Transition};
@@ -59,6 +61,23 @@ pub struct LinkState {
     pub upstream_errors: u64,
     /// Upstream relists so far (initial lists included).
     pub upstream_relists: u64,
+    /// When the quarantine in force began (the engine's clock: convert at the edges).
+    #[serde(skip)]
+    pub quarantine_since: Option<Instant>,
+    /// The figures (measurements and thresholds) that tripped the quarantine in force.
+    pub quarantine_figures: BTreeMap<String, i64>,
+    /// The quarantine machine's state: `Active`, `Quarantined` or `Rechecking`.
+    pub quarantine_state: &'static str,
+    /// Quarantine state changes so far.
+    pub quarantine_transitions: u64,
+    /// Upstream watch errors that were undecodable JSON.
+    pub upstream_decode_errors: u64,
+    /// Objects applied or deleted upstream, per resource kind (initial lists included).
+    pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
+    /// True once the link has reached its remote.
+    pub connected: bool,
+    /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
+    pub pending: usize,
 }
 
 /// An operator's request to a link.
@@ -194,6 +213,33 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
         objects_held: engine.objects_held(),
         upstream_errors: counters.errors.load(Ordering::Relaxed),
         upstream_relists: counters.relists.load(Ordering::Relaxed),
+        quarantine_since: match engine.state() {
+            State::Active => None,
+            State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => Some(q.since),
+        },
+        quarantine_figures: quarantine_figures(engine.state()),
+        quarantine_state: match engine.state() {
+            State::Active => "Active",
+            State::Quarantined(_) => "Quarantined",
+            State::Rechecking { .. } => "Rechecking",
+        },
+        quarantine_transitions: 0,
+        upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
+        upstream_events_by_kind: crate::churn::object::Kind::ALL
+            .iter()
+            .map(|k| (k.name(), counters.events_of(*k)))
+            .collect(),
+        connected: true,
+        pending: engine.pending(),
+    }
+}
+
+fn quarantine_figures(state: &State) -> BTreeMap<String, i64> {
+    match state {
+        State::Active => BTreeMap::new(),
+        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => {
+            q.trigger.figures.clone()
+        }
     }
 }
 

@@ -57,6 +57,9 @@ pub struct RunConfig {
     pub tls: TlsSource,
     /// Names the generated certificate is valid for, besides localhost and 127.0.0.1.
     pub hosts: Vec<String>,
+    /// The file holding the admin API's bearer token; without it, mutating admin routes are
+    /// refused (403).
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// A running Floodgate (in-process tests keep this to reach it).
@@ -242,6 +245,11 @@ fn incarnation() -> u32 {
 /// Starts every link, the facade and the admin listener.
 pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     let (shutdown_tx, shutdown) = watch::channel(false);
+    let admin_token = cfg
+        .admin_token_file
+        .as_deref()
+        .map(crate::admin::read_token)
+        .transpose()?;
     let tls = tls_material(&cfg.tls, &cfg.state_dir, &cfg.hosts)?;
     let mut handles = Vec::new();
     let mut apis = HashMap::new();
@@ -291,7 +299,18 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("binding the admin API to {}", cfg.admin_listen))?;
     let admin_addr = admin.local_addr()?;
-    let admin_router = health_router(links.clone(), shutdown.clone());
+    let admin_config = crate::admin::config_json(&cfg);
+    tracing::info!(config = %admin_config, "effective configuration");
+    let admin_state = Arc::new(crate::admin::AdminState {
+        links: links.clone(),
+        apis: apis.clone(),
+        config: admin_config,
+        token: admin_token,
+        metrics: crate::metrics::Metrics::new(links.clone(), apis.clone()),
+    });
+    let admin_router = crate::admin::finish(
+        crate::admin::router(admin_state).merge(health_router(links.clone(), shutdown.clone())),
+    );
     let stop = wait_for(shutdown.clone());
     let admin_task = tokio::spawn(async move {
         if let Err(e) = kubeapi::serve_plain(admin, admin_router, stop).await {

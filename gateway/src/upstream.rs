@@ -51,6 +51,31 @@ pub struct UpstreamCounters {
     pub errors: AtomicU64,
     /// Relists (initial lists included).
     pub relists: AtomicU64,
+    /// Watcher errors that were JSON the client could not decode.
+    pub decode_errors: AtomicU64,
+    /// Objects applied or deleted, per kind in [`Kind::ALL`]'s order (initial lists included).
+    pub events: [AtomicU64; Kind::ALL.len()],
+}
+
+impl UpstreamCounters {
+    /// Objects applied or deleted of `kind` so far.
+    pub fn events_of(&self, kind: Kind) -> u64 {
+        kind_index(kind).map_or(0, |i| self.events[i].load(Ordering::Relaxed))
+    }
+}
+
+fn kind_index(kind: Kind) -> Option<usize> {
+    Kind::ALL.iter().position(|k| *k == kind)
+}
+
+/// True when a watcher failed on a body it could not decode.
+fn is_decode_error(e: &watcher::Error) -> bool {
+    matches!(
+        e,
+        watcher::Error::InitialListFailed(kube::Error::SerdeError(_))
+            | watcher::Error::WatchStartFailed(kube::Error::SerdeError(_))
+            | watcher::Error::WatchFailed(kube::Error::SerdeError(_))
+    )
 }
 
 /// How to reach the remote and what to watch.
@@ -245,6 +270,7 @@ fn spawn<K, S>(
 {
     let tx = tx.clone();
     let counters = counters.clone();
+    let index = kind_index(kind);
     tasks.spawn(async move {
         if let Gate::After(g) = &gate {
             // Closed only when the upstream is dropped, and then this task is aborted too.
@@ -275,10 +301,16 @@ fn spawn<K, S>(
                 }
                 Err(e) => {
                     counters.errors.fetch_add(1, Ordering::Relaxed);
+                    if is_decode_error(&e) {
+                        counters.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                     tracing::warn!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
                     continue;
                 }
             };
+            if let (Change::Apply(_) | Change::Delete(_), Some(i)) = (&change, index) {
+                counters.events[i].fetch_add(1, Ordering::Relaxed);
+            }
             if tx.send(Message { generation, change }).await.is_err() {
                 return; // The link is gone.
             }

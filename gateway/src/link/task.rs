@@ -82,8 +82,9 @@ pub(super) async fn run(
     // Pod fetches the engine asked for; aborted with the link.
     let mut fetches = JoinSet::new();
     let mut next_wake: Option<Instant> = None;
+    let mut transitions = 0;
     loop {
-        publish_state(&engine, &counters, remote.is_some(), &out);
+        publish_state(&engine, &counters, remote.is_some(), transitions, &out);
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {
             biased;
@@ -151,6 +152,7 @@ pub(super) async fn run(
                     }
                 }
                 Effect::Transition(t) => {
+                    transitions += 1;
                     tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
                     if let Some(p) = &persist {
                         let op = match engine.state() {
@@ -211,8 +213,16 @@ async fn connect_with_backoff(
 
 /// Publishes the link's state. Until the remote answers, the link is Degraded (unless it is
 /// quarantined) and keeps the message the connect loop wrote.
-fn publish_state(engine: &Engine, counters: &UpstreamCounters, connected: bool, out: &Outputs) {
+fn publish_state(
+    engine: &Engine,
+    counters: &UpstreamCounters,
+    connected: bool,
+    transitions: u64,
+    out: &Outputs,
+) {
     let mut state = link_state(engine, counters);
+    state.connected = connected;
+    state.quarantine_transitions = transitions;
     let quarantined = state.phase == Phase::Quarantined;
     out.state.send_if_modified(|s| {
         if !connected && !quarantined {
@@ -222,7 +232,10 @@ fn publish_state(engine: &Engine, counters: &UpstreamCounters, connected: bool, 
         let changed = s.phase != state.phase
             || s.synced != state.synced
             || s.counters != state.counters
-            || s.message != state.message;
+            || s.message != state.message
+            || s.connected != state.connected
+            || s.pending != state.pending
+            || s.quarantine_transitions != state.quarantine_transitions;
         *s = state;
         changed
     });

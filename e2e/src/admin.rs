@@ -1,0 +1,45 @@
+//! A small client of Floodgate's admin API (plain HTTP on loopback), for scenario tests.
+
+use std::net::SocketAddr;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// One admin request: the status and the body (JSON when it parses, a string otherwise).
+pub async fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> anyhow::Result<(u16, Value)> {
+    let (status, text) = call_text(addr, method, path, token, body).await?;
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, v))
+}
+
+/// One admin request: the status and the body as text.
+pub async fn call_text(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body.to_owned())))?)
+        .await?;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}

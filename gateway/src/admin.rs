@@ -1,0 +1,331 @@
+//! The admin API on `--admin-listen`: how operators and their tools see and steer the links.
+//!
+//! ```text
+//! GET  /                          the status page (one self-contained HTML file)
+//! GET  /links                     every link: phase, quarantine, counters
+//! GET  /links/{name}              one link
+//! POST /links/{name}/release      release a quarantined link          (bearer token)
+//! POST /links/{name}/quarantine   quarantine a link, {"message": ".."} (bearer token)
+//! GET  /config                    the effective configuration, secrets redacted
+//! GET  /metrics                   Prometheus text (see [`crate::metrics`])
+//! GET  /livez, /readyz            health (see [`crate::run::health_router`])
+//! ```
+//!
+//! Reads are open (the admin port is meant for the cluster's network, like a metrics port);
+//! the two mutating routes need the bearer token read from `--admin-token-file`, compared in
+//! constant time. Without a token file they are refused with 403. Every error is a JSON body
+//! `{"error": ".."}` with its status code. Links answer through their [`LinkHandle`]s: a
+//! transition that makes no sense in the link's state is a 409.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq as _;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::churn::quarantine::Transition;
+use crate::kubeapi::{Api, bearer};
+use crate::link::{LinkError, LinkHandle, LinkStore};
+use crate::metrics::Metrics;
+
+pub mod config;
+pub mod links;
+
+pub use config::config_json;
+
+/// Largest request body the admin API reads: a quarantine message is a sentence.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// Longest an admin request may take (a link busy ingesting answers commands between batches).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a link may take to answer a release or quarantine (it answers between batches of
+/// upstream events, so this is a backstop, not a wait anyone should see).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The status page.
+const PAGE: &str = include_str!("admin/page.html");
+
+/// What the admin routes read.
+#[derive(Debug)]
+pub struct AdminState {
+    /// The links.
+    pub links: Arc<Vec<LinkHandle>>,
+    /// Each link's facade API (watchers, discarded writes).
+    pub apis: HashMap<String, Arc<Api<LinkStore>>>,
+    /// The effective configuration, already redacted.
+    pub config: Value,
+    /// The bearer token of the mutating routes; `None` disables them.
+    pub token: Option<String>,
+    /// The metrics registry.
+    pub metrics: Metrics,
+}
+
+impl AdminState {
+    fn link(&self, name: &str) -> Result<&LinkHandle, AdminError> {
+        self.links
+            .iter()
+            .find(|l| l.name == name)
+            .ok_or_else(|| AdminError::NotFound(format!("no link named {name:?}")))
+    }
+
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), AdminError> {
+        let Some(expected) = &self.token else {
+            return Err(AdminError::Forbidden(
+                "mutating admin routes are disabled: start floodgate with --admin-token-file FILE \
+                 (or FLOODGATE_ADMIN_TOKEN_FILE) holding a bearer token to enable them"
+                    .to_owned(),
+            ));
+        };
+        match bearer(headers) {
+            Some(t) if bool::from(t.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
+            Some(_) => Err(AdminError::Unauthorized("the bearer token is wrong")),
+            None => Err(AdminError::Unauthorized(
+                "a bearer token is required (Authorization: Bearer <token>)",
+            )),
+        }
+    }
+}
+
+/// Why an admin request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// 400: the body is not what the route takes.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: no token, or the wrong one.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// 403: mutating routes are disabled.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 404: no such link or route.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405: the route exists, not with this method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 409: the transition makes no sense in the link's state.
+    #[error("{0}")]
+    Conflict(String),
+    /// 503: the link's task is gone (shutting down).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl AdminError {
+    fn status(&self) -> StatusCode {
+        match self {
+            AdminError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AdminError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            AdminError::Forbidden(_) => StatusCode::FORBIDDEN,
+            AdminError::NotFound(_) => StatusCode::NOT_FOUND,
+            AdminError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            AdminError::Conflict(_) => StatusCode::CONFLICT,
+            AdminError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut resp = (status, Json(json!({ "error": self.to_string() }))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
+    }
+}
+
+impl From<LinkError> for AdminError {
+    fn from(e: LinkError) -> Self {
+        match e {
+            LinkError::Refused(r) => AdminError::Conflict(r.to_string()),
+            LinkError::Stopped => AdminError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// Why the admin token could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The file could not be read.
+    #[error("reading the admin token file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file holds no token.
+    #[error("the admin token file {0} is empty")]
+    Empty(String),
+}
+
+/// Reads the admin bearer token: the file's content, surrounding whitespace trimmed.
+pub fn read_token(path: &Path) -> Result<String, TokenError> {
+    let shown = path.display().to_string();
+    let raw = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(TokenError::Empty(shown));
+    }
+    Ok(token.to_owned())
+}
+
+/// The admin routes (health excluded: [`crate::run`] merges it in), with tracing, a timeout
+/// and a body limit.
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/", get(|| async { Html(PAGE) }))
+        .route("/links", get(list_links))
+        .route("/links/{name}", get(get_link))
+        .route("/links/{name}/release", post(release))
+        .route("/links/{name}/quarantine", post(quarantine))
+        .route("/config", get(get_config))
+        .route("/metrics", get(get_metrics))
+        .with_state(state)
+}
+
+/// Adds the JSON 404/405 answers and the layers; call on the full admin router.
+pub fn finish(router: Router) -> Router {
+    router
+        .fallback(|uri: axum::http::Uri| async move {
+            AdminError::NotFound(format!("no admin route {}", uri.path()))
+        })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                AdminError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
+            },
+        )
+        .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(TraceLayer::new_for_http())
+}
+
+async fn list_links(State(s): State<Arc<AdminState>>) -> Json<Value> {
+    let links: Vec<Value> = s
+        .links
+        .iter()
+        .map(|l| links::describe(l, s.apis.get(&l.name)))
+        .collect();
+    Json(json!({ "links": links }))
+}
+
+async fn get_link(
+    State(s): State<Arc<AdminState>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Value>, AdminError> {
+    let link = s.link(&name)?;
+    Ok(Json(links::describe(link, s.apis.get(&name))))
+}
+
+/// The optional body of the mutating routes.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    message: Option<String>,
+}
+
+fn parse_body(body: &Bytes) -> Result<Request, AdminError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Request::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        AdminError::BadRequest(format!(
+            "the body must be empty or {{\"message\": \"..\"}}: {e}"
+        ))
+    })
+}
+
+async fn release(
+    State(s): State<Arc<AdminState>>,
+    UrlPath(name): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AdminError> {
+    s.authorize(&headers)?;
+    let link = s.link(&name)?;
+    let req = parse_body(&body)?;
+    let t = answer(&name, link.release()).await?;
+    tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
+    Ok(Json(json!({ "link": name, "transition": t })))
+}
+
+async fn quarantine(
+    State(s): State<Arc<AdminState>>,
+    UrlPath(name): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AdminError> {
+    s.authorize(&headers)?;
+    let link = s.link(&name)?;
+    let req = parse_body(&body)?;
+    let message = req
+        .message
+        .unwrap_or_else(|| "quarantined by an operator through the admin API".to_owned());
+    let t = answer(&name, link.quarantine(message)).await?;
+    Ok(Json(json!({ "link": name, "transition": t })))
+}
+
+/// A link's answer to a command, or 503 when it does not come in time.
+async fn answer(
+    name: &str,
+    request: impl std::future::Future<Output = Result<Transition, LinkError>>,
+) -> Result<Transition, AdminError> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, request).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(AdminError::Unavailable(format!(
+            "link {name} did not answer within {}s",
+            COMMAND_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+async fn get_config(State(s): State<Arc<AdminState>>) -> Json<Value> {
+    Json(s.config.clone())
+}
+
+async fn get_metrics(State(s): State<Arc<AdminState>>) -> Response {
+    match s.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({ "error": format!("encoding metrics: {e}") })),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

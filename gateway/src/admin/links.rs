@@ -1,0 +1,75 @@
+//! A link as the admin API shows it: the [`LinkState`] a link publishes, its facade's figures,
+//! and the engine's monotonic instants turned into wall-clock RFC 3339 times at this edge.
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::kubeapi::Api;
+use crate::link::{LinkHandle, LinkState, LinkStore};
+
+/// The wall-clock time of an engine instant, in RFC 3339 (UTC, milliseconds).
+pub fn wall_clock(at: Instant, now: Instant, wall_now: SystemTime) -> Option<String> {
+    let ago = now.saturating_duration_since(at);
+    let wall = wall_now.checked_sub(ago)?;
+    let ts = jiff::Timestamp::try_from(wall).ok()?;
+    let ts = ts
+        .round(jiff::TimestampRound::new().smallest(jiff::Unit::Millisecond))
+        .ok()?;
+    Some(ts.to_string())
+}
+
+/// `GET /links/{name}`'s body.
+pub fn describe(link: &LinkHandle, api: Option<&std::sync::Arc<Api<LinkStore>>>) -> Value {
+    let state = link.state.borrow().clone();
+    describe_state(&link.name, &state, api.map(|a| a.as_ref()))
+}
+
+/// The body for a link's state (apart from the handle, for tests).
+pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -> Value {
+    let since = s
+        .quarantine_since
+        .and_then(|at| wall_clock(at, Instant::now(), SystemTime::now()));
+    let quarantined = s.quarantine_since.is_some();
+    let c = &s.counters;
+    let facade = api.map(|a| a.counters.snapshot()).unwrap_or_default();
+    json!({
+        "name": name,
+        "phase": s.phase.as_str(),
+        "synced": s.synced,
+        "message": s.message,
+        "quarantine": if quarantined {
+            json!({
+                "state": s.quarantine_state,
+                "reason": s.quarantine_reason,
+                "message": s.message,
+                "since": since,
+                "figures": s.quarantine_figures,
+            })
+        } else {
+            Value::Null
+        },
+        "counters": {
+            "services": c.services,
+            "servicesWithheld": c.services_withheld,
+            "endpointsPublished": c.endpoints_published,
+            "endpointsTruncated": c.endpoints_truncated,
+            "upstreamEvents": c.upstream_events,
+            "relevantEvents": c.relevant_events,
+            "irrelevantEvents": c.irrelevant_events,
+            "coalesced": c.coalesced,
+            "downstreamUpdates": c.downstream_updates,
+            "throttled": c.throttled,
+            "objectsHeld": s.objects_held,
+            "eventsLastSecond": s.events_last_second,
+            "upstreamErrors": s.upstream_errors,
+            "upstreamRelists": s.upstream_relists,
+            "upstreamDecodeErrors": s.upstream_decode_errors,
+            "quarantineTransitions": s.quarantine_transitions,
+            "watchers": api.map_or(0, Api::open_watches),
+            "discardedWrites": facade.events_discarded,
+        },
+        "upstreamEventsByResource": s.upstream_events_by_kind,
+    })
+}

@@ -1,0 +1,287 @@
+//! Prometheus metrics, per link (label `link`), computed at scrape time from the figures the
+//! links already keep: each link's [`crate::link::LinkState`] (engine and upstream counters)
+//! and its facade's [`crate::kubeapi::ApiCounters`] and open watches. Nothing is counted twice
+//! and the engine carries no metrics code: a scrape reads a few atomics and watch channels.
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `floodgate_upstream_events_total` | counter | `relevance` = `relevant` / `irrelevant` |
+//! | `floodgate_upstream_resource_events_total` | counter | `resource` (applied or deleted objects, initial lists included) |
+//! | `floodgate_downstream_updates_total` | counter | |
+//! | `floodgate_coalesced_total` | counter | |
+//! | `floodgate_throttled_total` | counter | |
+//! | `floodgate_endpoints_published` | gauge | |
+//! | `floodgate_endpoints_truncated` | gauge | |
+//! | `floodgate_services` / `floodgate_services_withheld` | gauge | |
+//! | `floodgate_upstream_objects` | gauge | |
+//! | `floodgate_upstream_events_last_second` | gauge | |
+//! | `floodgate_link_synced` | gauge (0/1) | |
+//! | `floodgate_link_quarantined` | gauge (0/1) | |
+//! | `floodgate_link_phase` | gauge (1 for the current) | `phase` |
+//! | `floodgate_quarantine_transitions_total` | counter | |
+//! | `floodgate_watchers` | gauge | |
+//! | `floodgate_upstream_errors_total` | counter | (each followed by a reconnect with backoff) |
+//! | `floodgate_upstream_relists_total` | counter | |
+//! | `floodgate_upstream_decode_errors_total` | counter | |
+//! | `floodgate_discarded_writes_total` | counter | (Events accepted and discarded) |
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use floodgate_link_crd::Phase;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::kubeapi::Api;
+use crate::link::{LinkHandle, LinkState, LinkStore};
+
+/// Every phase, in the order `floodgate_link_phase` lists them.
+const PHASES: [Phase; 4] = [
+    Phase::Healthy,
+    Phase::Throttled,
+    Phase::Quarantined,
+    Phase::Degraded,
+];
+
+/// The registry the admin API encodes on `GET /metrics`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+}
+
+impl Metrics {
+    /// Metrics of these links.
+    pub fn new(links: Arc<Vec<LinkHandle>>, apis: HashMap<String, Arc<Api<LinkStore>>>) -> Self {
+        let mut registry = Registry::with_prefix("floodgate");
+        registry.register_collector(Box::new(LinkCollector { links, apis }));
+        Self { registry }
+    }
+
+    /// The exposition text (OpenMetrics, which Prometheus scrapes).
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[derive(Debug)]
+struct LinkCollector {
+    links: Arc<Vec<LinkHandle>>,
+    apis: HashMap<String, Arc<Api<LinkStore>>>,
+}
+
+/// One link's figures, read once per scrape.
+struct Sample {
+    name: String,
+    state: LinkState,
+    watchers: u64,
+    discarded: u64,
+}
+
+fn counter(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: impl Iterator<Item = (Vec<(&'static str, String)>, u64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: impl Iterator<Item = (Vec<(&'static str, String)>, u64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        let v = i64::try_from(v).unwrap_or(i64::MAX);
+        ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl LinkCollector {
+    fn samples(&self) -> Vec<Sample> {
+        self.links
+            .iter()
+            .map(|l| {
+                let api = self.apis.get(&l.name);
+                Sample {
+                    name: l.name.clone(),
+                    state: l.state.borrow().clone(),
+                    watchers: api.map_or(0, |a| a.open_watches() as u64),
+                    discarded: api.map_or(0, |a| a.counters.snapshot().events_discarded),
+                }
+            })
+            .collect()
+    }
+}
+
+fn link(s: &Sample) -> Vec<(&'static str, String)> {
+    vec![("link", s.name.clone())]
+}
+
+impl Collector for LinkCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let samples = self.samples();
+        let per_link = |f: fn(&Sample) -> u64| samples.iter().map(move |s| (link(s), f(s)));
+        counter(
+            &mut enc,
+            "upstream_events",
+            "Upstream changes received, by whether they concerned a selected service.",
+            samples.iter().flat_map(|s| {
+                let c = s.state.counters;
+                [
+                    ("relevant", c.relevant_events),
+                    ("irrelevant", c.irrelevant_events),
+                ]
+                .into_iter()
+                .map(move |(r, v)| {
+                    (
+                        vec![("link", s.name.clone()), ("relevance", r.to_owned())],
+                        v,
+                    )
+                })
+            }),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_resource_events",
+            "Upstream objects applied or deleted, by resource (initial lists included).",
+            samples.iter().flat_map(|s| {
+                s.state.upstream_events_by_kind.iter().map(move |(k, v)| {
+                    (
+                        vec![("link", s.name.clone()), ("resource", (*k).to_owned())],
+                        *v,
+                    )
+                })
+            }),
+        )?;
+        counter(
+            &mut enc,
+            "downstream_updates",
+            "Publications to consumers (one service's objects, diffed).",
+            per_link(|s| s.state.counters.downstream_updates),
+        )?;
+        counter(
+            &mut enc,
+            "coalesced",
+            "Upstream changes absorbed into a publication already pending.",
+            per_link(|s| s.state.counters.coalesced),
+        )?;
+        counter(
+            &mut enc,
+            "throttled",
+            "Times a publication had to wait for a rate-limit token.",
+            per_link(|s| s.state.counters.throttled),
+        )?;
+        gauge(
+            &mut enc,
+            "endpoints_published",
+            "Endpoints published to consumers, across services.",
+            per_link(|s| s.state.counters.endpoints_published),
+        )?;
+        gauge(
+            &mut enc,
+            "endpoints_truncated",
+            "Endpoints withheld by caps.maxEndpointsPerService.",
+            per_link(|s| s.state.counters.endpoints_truncated),
+        )?;
+        gauge(
+            &mut enc,
+            "services",
+            "Selected services published.",
+            per_link(|s| s.state.counters.services),
+        )?;
+        gauge(
+            &mut enc,
+            "services_withheld",
+            "Selected services withheld by caps.maxServices.",
+            per_link(|s| s.state.counters.services_withheld),
+        )?;
+        gauge(
+            &mut enc,
+            "upstream_objects",
+            "Upstream objects the link holds.",
+            per_link(|s| s.state.objects_held as u64),
+        )?;
+        gauge(
+            &mut enc,
+            "upstream_events_last_second",
+            "Relevant upstream events in the last complete second.",
+            per_link(|s| s.state.events_last_second),
+        )?;
+        gauge(
+            &mut enc,
+            "link_synced",
+            "1 once the link has published its first complete sync.",
+            per_link(|s| u64::from(s.state.synced)),
+        )?;
+        gauge(
+            &mut enc,
+            "link_quarantined",
+            "1 while the link is quarantined (re-checks included).",
+            per_link(|s| u64::from(s.state.quarantine_since.is_some())),
+        )?;
+        gauge(
+            &mut enc,
+            "link_phase",
+            "1 for the link's current phase, 0 for the others.",
+            samples.iter().flat_map(|s| {
+                PHASES.iter().map(move |p| {
+                    (
+                        vec![("link", s.name.clone()), ("phase", p.as_str().to_owned())],
+                        u64::from(s.state.phase == *p),
+                    )
+                })
+            }),
+        )?;
+        counter(
+            &mut enc,
+            "quarantine_transitions",
+            "Quarantine state changes (quarantined, re-checking, released).",
+            per_link(|s| s.state.quarantine_transitions),
+        )?;
+        gauge(
+            &mut enc,
+            "watchers",
+            "Watches consumers hold open on the link's facade.",
+            per_link(|s| s.watchers),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_errors",
+            "Upstream watch errors, each followed by a reconnect with backoff.",
+            per_link(|s| s.state.upstream_errors),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_relists",
+            "Upstream relists (initial lists included).",
+            per_link(|s| s.state.upstream_relists),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_decode_errors",
+            "Upstream watch errors caused by JSON the client could not decode.",
+            per_link(|s| s.state.upstream_decode_errors),
+        )?;
+        counter(
+            &mut enc,
+            "discarded_writes",
+            "Writes consumers made that were accepted and discarded (Events).",
+            per_link(|s| s.discarded),
+        )?;
+        Ok(())
+    }
+}
