@@ -39,6 +39,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Print the Link CustomResourceDefinition (YAML).
     Crd,
+    /// Adopt a Linkerd link: read its credentials Secrets (link-gen's output), print a Link,
+    /// the upstream copy, the token and the Secrets rewritten to point at Floodgate.
+    Wrap(crate::wrap::WrapArgs),
 }
 
 /// `floodgate run`.

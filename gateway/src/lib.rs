@@ -10,6 +10,7 @@
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
+//! - [`wrap`]: `floodgate wrap`: adopt a Linkerd link's credentials.
 
 #![forbid(unsafe_code)]
 
@@ -21,3 +22,4 @@ pub mod run;
 pub mod tls;
 pub mod upstream;
 pub mod view;
+pub mod wrap;

@@ -39,6 +39,7 @@ fn main() -> ExitCode {
         Command::Crd => Ok(floodgate_link_crd::crd_yaml()),
         Command::Kubeconfig(args) => cli::kubeconfig(args).map_err(anyhow::Error::from),
         Command::Run(args) => run(args).map(|()| String::new()),
+        Command::Wrap(args) => floodgate::wrap::run_wrap(args),
     };
     match out {
         Ok(text) => {
