@@ -10,12 +10,14 @@
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
+//! - [`controller`]: `floodgate controller`: links from Link resources, status, Leases.
 //! - [`wrap`]: `floodgate wrap`: adopt a Linkerd link's credentials.
 
 #![forbid(unsafe_code)]
 
 pub mod churn;
 pub mod cli;
+pub mod controller;
 pub mod kubeapi;
 pub mod link;
 pub mod run;
