@@ -183,19 +183,24 @@ pub async fn run(
     let mut resync = tokio::time::interval(RESYNC);
     let mut status_tick = tokio::time::interval(STATUS_TICK);
     let mut shutdown_rx = shutdown.clone();
+    // Link changes (our own status writes among them) mark the links dirty; they are
+    // reconciled at the next status tick, so a burst of changes costs one pass of Secret reads.
+    let mut dirty = false;
     loop {
-        let mut reconcile_now = false;
         tokio::select! {
             _ = shutdown_rx.changed() => break,
-            ev = changes.next() => match ev {
-                Some(Ok(_)) => reconcile_now = true,
-                Some(Err(e)) => tracing::warn!(error = %e, "watching Links"),
-                None => break,
-            },
-            _ = resync.tick() => reconcile_now = true,
+            ev = changes.next() => {
+                match ev {
+                    Some(Ok(_)) => dirty = true,
+                    Some(Err(e)) => tracing::warn!(error = %e, "watching Links"),
+                    None => break,
+                }
+                continue;
+            }
+            _ = resync.tick() => dirty = true,
             _ = status_tick.tick() => {}
         }
-        if reconcile_now && reader.wait_until_ready().await.is_ok() {
+        if std::mem::take(&mut dirty) && reader.wait_until_ready().await.is_ok() {
             listed_tx.send_replace(true);
             let links = reader.state();
             wanted_tx.send_replace(links.iter().map(|l| l.name_any()).collect());
