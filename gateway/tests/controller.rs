@@ -24,6 +24,9 @@ struct Fake {
     leases: HashMap<String, Value>,
     version: u64,
     patches: Vec<(String, String, Value)>,
+    links: Vec<Value>,
+    secrets: HashMap<String, Value>,
+    events: Vec<Value>,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -51,6 +54,7 @@ fn ok(v: &Value) -> Response {
 async fn handle(State(fake): State<Shared>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let query = req.uri().query().map(str::to_owned);
     let ctype = req
         .headers()
         .get("content-type")
@@ -61,6 +65,34 @@ async fn handle(State(fake): State<Shared>, req: Request) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let mut f = fake.lock().expect("lock");
     let leases = "/apis/coordination.k8s.io/v1/namespaces/floodgate/leases";
+    let query = query.unwrap_or_default();
+    if path == "/apis/floodgate.dev/v1alpha1/namespaces/floodgate/links" {
+        if query.contains("watch=") {
+            // A watch that stays open and quiet: the controller's periodic pass does the rest.
+            let body = axum::body::Body::from_stream(futures_util::stream::pending::<
+                Result<axum::body::Bytes, std::convert::Infallible>,
+            >());
+            return (StatusCode::OK, [("content-type", "application/json")], body).into_response();
+        }
+        let list = json!({"apiVersion": "floodgate.dev/v1alpha1", "kind": "LinkList",
+            "metadata": {"resourceVersion": "1"}, "items": f.links});
+        return ok(&list);
+    }
+    if let Some(name) = path.strip_prefix("/api/v1/namespaces/floodgate/secrets/") {
+        return match f.secrets.get(name) {
+            Some(s) => ok(s),
+            None => status(StatusCode::NOT_FOUND, "NotFound"),
+        };
+    }
+    if path.starts_with("/apis/events.k8s.io/v1/namespaces/floodgate/events") {
+        f.events.push(body.clone());
+        return (
+            StatusCode::CREATED,
+            [("content-type", "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+    }
     if let Some(rest) =
         path.strip_prefix("/apis/floodgate.dev/v1alpha1/namespaces/floodgate/links/")
     {
@@ -208,4 +240,93 @@ async fn status_goes_to_the_status_subresource_as_a_merge_patch() {
     assert_eq!(link, "east");
     assert_eq!(ctype, "application/merge-patch+json");
     assert_eq!(body["status"]["phase"], "Quarantined");
+}
+
+fn mk_link(name: &str, generation: i64, spec: Value) -> Value {
+    json!({"apiVersion": "floodgate.dev/v1alpha1", "kind": "Link",
+        "metadata": {"name": name, "namespace": "floodgate", "generation": generation,
+            "resourceVersion": "1", "uid": format!("uid-{name}")},
+        "spec": spec})
+}
+
+fn mk_secret(name: &str, key: &str, value: &str) -> Value {
+    use base64::Engine as _;
+    json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "floodgate"},
+        "data": {key: base64::engine::general_purpose::STANDARD.encode(value)}})
+}
+
+/// The whole controller against the fake cluster: a Link whose remote cannot be reached yet
+/// and an invalid Link. The holder writes both statuses with observedGeneration and says why
+/// each is not ready; the invalid one is refused without touching the other.
+#[tokio::test]
+async fn the_controller_writes_status_for_a_good_and_an_invalid_link() {
+    let (client, fake) = fake_cluster().await;
+    {
+        let mut f = fake.lock().expect("lock");
+        // A remote on a port nothing listens on: the link stays Degraded, retrying.
+        let kubeconfig = "apiVersion: v1\nkind: Config\nclusters:\n- name: r\n  cluster: {server: 'http://127.0.0.1:9'}\ncontexts:\n- name: r\n  context: {cluster: r, user: u}\ncurrent-context: r\nusers:\n- name: u\n  user: {token: t}\n";
+        let remote = json!({"kubeconfigSecret": {"name": "east-upstream", "key": "kubeconfig"}});
+        f.links.push(mk_link("east", 4, json!({"remote": remote})));
+        f.links.push(mk_link(
+            "bad",
+            2,
+            json!({"remote": remote, "coalesce": {"quiet": "5s", "max": "2s"}}),
+        ));
+        f.secrets.insert(
+            "east-upstream".into(),
+            mk_secret("east-upstream", "kubeconfig", kubeconfig),
+        );
+        f.secrets.insert(
+            "floodgate-token-east".into(),
+            mk_secret("floodgate-token-east", "token", "tok"),
+        );
+    }
+    let state = std::env::temp_dir().join(format!("floodgate-controller-{}", std::process::id()));
+    let args = floodgate::controller::ControllerArgs {
+        namespace: "floodgate".into(),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        state_dir: state.clone(),
+        tls_hosts: vec![],
+        identity: "replica-a".into(),
+    };
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(floodgate::controller::run(client, args, shutdown));
+    let patched = |link: &str| {
+        fake.lock()
+            .expect("lock")
+            .patches
+            .iter()
+            .filter(|(l, _, _)| l == link)
+            .map(|(_, _, b)| b.clone())
+            .collect::<Vec<_>>()
+    };
+    eventually(20, "both statuses written", || {
+        !patched("east").is_empty() && !patched("bad").is_empty()
+    })
+    .await;
+    let cond = |status: &Value, ty: &str| {
+        status["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == ty).cloned())
+            .unwrap_or_else(|| panic!("no {ty} condition in {status}"))
+    };
+    let east = patched("east")[0].clone();
+    assert_eq!(east["status"]["observedGeneration"], 4);
+    assert_eq!(cond(&east, "SpecValid")["status"], "True");
+    assert_eq!(cond(&east, "Ready")["status"], "False");
+    assert_eq!(cond(&east, "Ready")["observedGeneration"], 4);
+    let bad = patched("bad")[0].clone();
+    assert_eq!(cond(&bad, "SpecValid")["status"], "False");
+    assert_eq!(cond(&bad, "SpecValid")["reason"], "InvalidSpec");
+    assert!(
+        cond(&bad, "SpecValid")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec.coalesce.quiet")),
+        "{bad}"
+    );
+    stop.send(true).expect("stop");
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    std::fs::remove_dir_all(&state).ok();
 }
