@@ -33,12 +33,17 @@ pub enum LogFormat {
 pub enum Command {
     /// Run every link of a links file: upstream watchers, churn engines and the facade.
     Run(RunArgs),
+    /// Run the links of the Link resources in a namespace of the local cluster.
+    Controller(crate::controller::ControllerArgs),
     /// Print the kubeconfig a consumer of a link uses (server with the link's prefix, CA, token).
     Kubeconfig(KubeconfigArgs),
     /// Validate a links file and print the effective configuration, defaults included.
     Check(CheckArgs),
     /// Print the Link CustomResourceDefinition (YAML).
     Crd,
+    /// Adopt a Linkerd link: read its credentials Secrets (link-gen's output), print a Link,
+    /// the upstream copy, the token and the Secrets rewritten to point at Floodgate.
+    Wrap(crate::wrap::WrapArgs),
 }
 
 /// `floodgate run`.

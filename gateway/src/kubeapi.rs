@@ -280,16 +280,49 @@ async fn root_handler<S: ApiStore>(State(api): State<Arc<Api<S>>>, req: Request)
     serve(&api, &path, req).await
 }
 
-/// Links served under `/links/<name>/`, each with its own token.
+/// Links served under `/links/<name>/`, each with its own token. Links can be added and removed
+/// while serving (the controller does, as Link resources change); a request holds its link's
+/// `Api` for its whole life, so removing a link never cuts a response short.
 #[derive(Debug)]
 pub struct Links<S> {
-    apis: HashMap<String, Arc<Api<S>>>,
+    apis: std::sync::RwLock<HashMap<String, Arc<Api<S>>>>,
 }
 
 impl<S: ApiStore> Links<S> {
     /// The links, by name.
     pub fn new(apis: HashMap<String, Arc<Api<S>>>) -> Self {
-        Self { apis }
+        Self {
+            apis: std::sync::RwLock::new(apis),
+        }
+    }
+
+    /// Serves `api` as link `name` from now on; returns the link it replaces.
+    pub fn insert(&self, name: &str, api: Arc<Api<S>>) -> Option<Arc<Api<S>>> {
+        self.write().insert(name.to_owned(), api)
+    }
+
+    /// Stops serving link `name`; returns it.
+    pub fn remove(&self, name: &str) -> Option<Arc<Api<S>>> {
+        self.write().remove(name)
+    }
+
+    /// The names of the links served.
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    // A panic while holding the lock cannot leave the map half-changed (every change is one
+    // HashMap call), so a poisoned lock is still good.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Api<S>>>> {
+        self.apis
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Api<S>>>> {
+        self.apis
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -304,13 +337,19 @@ async fn links_handler<S: ApiStore>(State(links): State<Arc<Links<S>>>, req: Req
         return not_found_path().into_response();
     };
     let (name, sub) = rest.split_once('/').map_or((rest, "/"), |(n, s)| (n, s));
-    let Some(api) = links.apis.get(name) else {
-        return StatusError::new(Reason::NotFound, format!("no link named {name:?}"))
-            .into_response();
+    let (api, other_opens) = {
+        let apis = links.read();
+        let Some(api) = apis.get(name).cloned() else {
+            return StatusError::new(Reason::NotFound, format!("no link named {name:?}"))
+                .into_response();
+        };
+        let token = bearer(req.headers());
+        let other = token.is_some_and(|t| apis.values().any(|other| other.opens(t)));
+        (api, other)
     };
     match bearer(req.headers()) {
         Some(t) if api.opens(t) => {}
-        Some(t) if links.apis.values().any(|other| other.opens(t)) => {
+        Some(_) if other_opens => {
             bump(&api.counters.unauthorized);
             return StatusError::new(
                 Reason::Forbidden,
@@ -324,7 +363,7 @@ async fn links_handler<S: ApiStore>(State(links): State<Arc<Links<S>>>, req: Req
         }
     }
     let sub = format!("/{}", sub.trim_start_matches('/'));
-    serve(api, &sub, req).await
+    serve(&api, &sub, req).await
 }
 
 fn not_found_path() -> StatusError {

@@ -14,12 +14,15 @@
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
+//! - [`controller`]: `floodgate controller`: links from Link resources, status, Leases.
+//! - [`wrap`]: `floodgate wrap`: adopt a Linkerd link's credentials.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod churn;
 pub mod cli;
+pub mod controller;
 pub mod grpc;
 pub mod kubeapi;
 pub mod link;
@@ -29,3 +32,4 @@ pub mod run;
 pub mod tls;
 pub mod upstream;
 pub mod view;
+pub mod wrap;

@@ -22,6 +22,25 @@ fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `floodgate controller`: in-cluster config or KUBECONFIG; runs until SIGINT or SIGTERM.
+fn controller(args: &floodgate::controller::ControllerArgs) -> anyhow::Result<()> {
+    tracing::info!(config = ?args, "starting the controller");
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let client = kube::Client::try_default().await?;
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(floodgate::controller::run(client, args.clone(), shutdown));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r?,
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        let _ = stop.send(true);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+        anyhow::Ok(())
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
@@ -39,6 +58,8 @@ fn main() -> ExitCode {
         Command::Crd => Ok(floodgate_link_crd::crd_yaml()),
         Command::Kubeconfig(args) => cli::kubeconfig(args).map_err(anyhow::Error::from),
         Command::Run(args) => run(args).map(|()| String::new()),
+        Command::Controller(args) => controller(args).map(|()| String::new()),
+        Command::Wrap(args) => floodgate::wrap::run_wrap(args),
     };
     match out {
         Ok(text) => {

@@ -230,7 +230,8 @@ fn connect_from_file(link: &NamedLink) -> Connect {
     })
 }
 
-fn incarnation() -> u32 {
+/// A random number telling this run's resource versions from another's.
+pub fn incarnation() -> u32 {
     let mut b = [0u8; 4];
     // Without randomness, the clock still tells runs apart.
     if getrandom::fill(&mut b).is_err() {

@@ -1,0 +1,209 @@
+//! One `coordination.k8s.io` Lease per link (`floodgate-link-<name>`): the holder writes the
+//! link's status and makes its quarantine decisions; every replica serves its view.
+//!
+//! A small lease loop on kube's `Api<Lease>`: get, then create (absent), update with the
+//! resourceVersion read (ours, or expired), or leave it (someone else's, live). A conflict is
+//! a lost race. Which links this replica holds is published on a `watch` channel; a link whose
+//! renewal fails, or is older than the lease duration, leaves the set at once, so the status
+//! writer stops before another replica can take over.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+
+/// The Lease of a link.
+pub fn lease_name(link: &str) -> String {
+    format!("floodgate-link-{link}")
+}
+
+/// How long a holder's claim lasts without renewal, and how often it renews.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseTiming {
+    /// `leaseDurationSeconds`.
+    pub duration: Duration,
+    /// Time between renewals; well under `duration` so one slow renewal loses nothing.
+    pub renew: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(15),
+            renew: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What to do with a Lease as found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Ours: renew it.
+    Renew,
+    /// Free or expired: take it.
+    Take,
+    /// Another replica's, still live.
+    Leave,
+}
+
+/// Decides, from the Lease's spec, who may hold it at `now`.
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: jiff::Timestamp) -> Decision {
+    let Some(spec) = spec else {
+        return Decision::Take;
+    };
+    match spec.holder_identity.as_deref() {
+        Some(h) if h == identity => Decision::Renew,
+        None | Some("") => Decision::Take,
+        Some(_) => {
+            let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            let renewed = spec
+                .renew_time
+                .as_ref()
+                .or(spec.acquire_time.as_ref())
+                .map(|t| t.0);
+            match renewed {
+                Some(t) if t + jiff::SignedDuration::from_secs(secs) > now => Decision::Leave,
+                _ => Decision::Take,
+            }
+        }
+    }
+}
+
+/// Tries once to hold `link`'s Lease. `Ok(true)`: held until `now + duration`.
+pub async fn try_hold(
+    api: &Api<Lease>,
+    link: &str,
+    identity: &str,
+    timing: LeaseTiming,
+) -> Result<bool, kube::Error> {
+    let name = lease_name(link);
+    let now = jiff::Timestamp::now();
+    let duration = i32::try_from(timing.duration.as_secs()).unwrap_or(i32::MAX);
+    let existing = api.get_opt(&name).await?;
+    let decision = decide(
+        existing.as_ref().and_then(|l| l.spec.as_ref()),
+        identity,
+        now,
+    );
+    let result = match (existing, decision) {
+        (_, Decision::Leave) => return Ok(false),
+        (None, _) => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(identity.to_owned()),
+                    lease_duration_seconds: Some(duration),
+                    acquire_time: Some(MicroTime(now)),
+                    renew_time: Some(MicroTime(now)),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            api.create(&PostParams::default(), &lease).await.map(|_| ())
+        }
+        (Some(mut lease), d) => {
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if d == Decision::Take {
+                spec.holder_identity = Some(identity.to_owned());
+                spec.acquire_time = Some(MicroTime(now));
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            }
+            spec.renew_time = Some(MicroTime(now));
+            spec.lease_duration_seconds = Some(duration);
+            // The resourceVersion read makes this a compare-and-swap: a 409 is a lost race.
+            api.replace(&name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Keeps trying to hold the Lease of every link in `links`, publishing the set held on
+/// `held`. Runs until `shutdown`.
+pub async fn run(
+    api: Api<Lease>,
+    identity: String,
+    timing: LeaseTiming,
+    links: watch::Receiver<BTreeSet<String>>,
+    held: watch::Sender<BTreeSet<String>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(timing.renew);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = tick.tick() => {}
+        }
+        let wanted = links.borrow().clone();
+        // Links no longer wanted are dropped before anything else.
+        held.send_if_modified(|h| {
+            let before = h.len();
+            h.retain(|l| wanted.contains(l));
+            h.len() != before
+        });
+        for link in &wanted {
+            let started = tokio::time::Instant::now();
+            let ok = match try_hold(&api, link, &identity, timing).await {
+                Ok(ok) => ok,
+                Err(e) => {
+                    tracing::warn!(%link, error = %e, "cannot renew the link's lease");
+                    false
+                }
+            };
+            // A renewal that took longer than the lease lasts proves nothing.
+            let ok = ok && started.elapsed() < timing.duration;
+            held.send_if_modified(|h| {
+                if ok {
+                    h.insert(link.clone())
+                } else {
+                    h.remove(link)
+                }
+            });
+        }
+    }
+    held.send_replace(BTreeSet::new());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(holder: &str, renewed_secs_ago: i64, now: jiff::Timestamp) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(
+                now - jiff::SignedDuration::from_secs(renewed_secs_ago),
+            )),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_live_lease_of_another_replica_is_left_an_expired_one_taken() {
+        let now = jiff::Timestamp::from_second(1_700_000_000).expect("time");
+        assert_eq!(decide(None, "a", now), Decision::Take);
+        assert_eq!(decide(Some(&spec("a", 3, now)), "a", now), Decision::Renew);
+        assert_eq!(decide(Some(&spec("b", 3, now)), "a", now), Decision::Leave);
+        assert_eq!(decide(Some(&spec("b", 16, now)), "a", now), Decision::Take);
+        assert_eq!(decide(Some(&spec("", 1, now)), "a", now), Decision::Take);
+        let never_renewed = LeaseSpec {
+            holder_identity: Some("b".into()),
+            ..LeaseSpec::default()
+        };
+        assert_eq!(decide(Some(&never_renewed), "a", now), Decision::Take);
+    }
+}

@@ -1,0 +1,132 @@
+//! The status writer: one task that receives the status each link should have through a
+//! bounded channel and patches the status subresource, linkerd policy-controller style.
+//!
+//! - Only links whose Lease this replica holds are written; the check is made right before
+//!   each patch, so losing a lease stops writing at once.
+//! - Patches are merge diffs against what was last written (or, first, what the cluster has).
+//! - Transitions (phase, conditions, quarantine) are written at once; counter changes wait
+//!   for the link's next slot, one write per `interval`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use floodgate_link_crd::LinkStatus;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::status::{is_transition, status_patch};
+
+/// Status updates waiting for the writer. The controller sends one per link per tick and
+/// skips a tick when the queue is full (the next tick carries the latest state), so 256 is
+/// room for every link of a large Floodgate at once without holding stale states.
+pub const STATUS_QUEUE: usize = 256;
+
+/// The status a link should have, with what the cluster showed last.
+#[derive(Debug, Clone)]
+pub struct StatusUpdate {
+    /// The link.
+    pub link: String,
+    /// Its status as the controller's cache last saw it.
+    pub observed: Option<LinkStatus>,
+    /// The status it should have.
+    pub status: LinkStatus,
+}
+
+/// Where patches go: the status subresource in production, a recorder in tests.
+pub trait StatusApi: Send + Sync + 'static {
+    /// Applies a JSON merge patch to `link`'s status.
+    fn patch(&self, link: &str, patch: Value) -> BoxFuture<'static, Result<(), kube::Error>>;
+}
+
+/// The status subresource of Links in one namespace.
+#[derive(Clone, Debug)]
+pub struct KubeStatusApi(pub kube::Api<floodgate_link_crd::Link>);
+
+impl StatusApi for KubeStatusApi {
+    fn patch(&self, link: &str, patch: Value) -> BoxFuture<'static, Result<(), kube::Error>> {
+        let api = self.0.clone();
+        let link = link.to_owned();
+        Box::pin(async move {
+            api.patch_status(
+                &link,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    observed: Option<LinkStatus>,
+    status: LinkStatus,
+}
+
+/// Runs the writer until `updates` closes.
+pub async fn run(
+    mut updates: mpsc::Receiver<StatusUpdate>,
+    api: impl StatusApi,
+    held: watch::Receiver<BTreeSet<String>>,
+    interval: Duration,
+) {
+    let mut pending: HashMap<String, Pending> = HashMap::new();
+    let mut written: HashMap<String, (LinkStatus, Instant)> = HashMap::new();
+    // Slots are checked at a tenth of the interval: a counter update waits at most that long
+    // past its slot.
+    let mut tick = tokio::time::interval((interval / 10).max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            u = updates.recv() => match u {
+                Some(u) => {
+                    pending.insert(u.link, Pending { observed: u.observed, status: u.status });
+                }
+                None => break,
+            },
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        let links: Vec<String> = pending.keys().cloned().collect();
+        for link in links {
+            if !held.borrow().contains(&link) {
+                // Not ours (or no longer): forget it, so a later holding starts from the
+                // cluster's status, not from what we wrote before another replica did.
+                pending.remove(&link);
+                written.remove(&link);
+                continue;
+            }
+            let Some(p) = pending.get(&link) else {
+                continue;
+            };
+            let last = written.get(&link);
+            let base = last.map(|(s, _)| s).or(p.observed.as_ref());
+            let due = last.is_none_or(|(_, at)| now.duration_since(*at) >= interval);
+            if !due && !is_transition(base, &p.status) {
+                continue;
+            }
+            let Some(patch) = status_patch(base, &p.status) else {
+                pending.remove(&link);
+                continue;
+            };
+            // The lease is checked again right before writing.
+            if !held.borrow().contains(&link) {
+                continue;
+            }
+            match api.patch(&link, patch).await {
+                Ok(()) => {
+                    if let Some(p) = pending.remove(&link) {
+                        written.insert(link, (p.status, now));
+                    }
+                }
+                Err(e) => tracing::warn!(%link, error = %e, "cannot write the link's status"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
