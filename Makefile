@@ -20,6 +20,7 @@ $(PY_VENV)/bin/python:
 ## test: the whole suite (unit, property, integration with kubectl, kube-rs and the Python
 ## client, doc tests), built once, run in parallel.
 test: $(PY_VENV)/bin/python
+	$(CARGO) build --locked -p floodgate --bin floodgate
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
 

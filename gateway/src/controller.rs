@@ -200,7 +200,12 @@ pub async fn run(
             _ = resync.tick() => dirty = true,
             _ = status_tick.tick() => {}
         }
-        if std::mem::take(&mut dirty) && reader.wait_until_ready().await.is_ok() {
+        // Never wait for the store here: only polling `changes` fills it, and this loop is what
+        // polls it (waiting deadlocked when a resync came before the first list).
+        let listed = futures_util::FutureExt::now_or_never(reader.wait_until_ready())
+            .is_some_and(|r| r.is_ok());
+        if dirty && listed {
+            dirty = false;
             listed_tx.send_replace(true);
             let links = reader.state();
             wanted_tx.send_replace(links.iter().map(|l| l.name_any()).collect());

@@ -93,9 +93,11 @@ pub async fn run(
         let links: Vec<String> = pending.keys().cloned().collect();
         for link in links {
             if !held.borrow().contains(&link) {
-                // Not ours (or no longer): forget it, so a later holding starts from the
-                // cluster's status, not from what we wrote before another replica did.
-                pending.remove(&link);
+                // Not ours (or not yet): forget what we wrote, so a later holding starts from
+                // the cluster's status, not from what we wrote before another replica did; keep
+                // the latest status (one per link), so it is written as soon as the lease is
+                // ours: a status computed once (an invalid spec) must not be lost to a race
+                // with the first lease acquisition.
                 written.remove(&link);
                 continue;
             }

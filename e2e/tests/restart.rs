@@ -1,0 +1,203 @@
+//! S5: the real `floodgate` binary is killed (SIGKILL) while a link is quarantined. After the
+//! restart the link is still quarantined and serves its last good view, though the remote has
+//! moved on; released over the admin API, it converges to the remote.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate_e2e::RunningSim;
+use floodgate_e2e::admin;
+use floodgate_e2e::drivers::Cluster;
+use floodgate_e2e::gateway::client_from;
+use floodgate_e2e::sim::SimStore;
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+const ADMIN_TOKEN: &str = "s5-admin-token";
+
+/// The `floodgate` binary cargo built beside this test.
+fn floodgate_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/..");
+    let bin = dir.join("floodgate");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p floodgate` (make test does)",
+        bin.display()
+    );
+    bin
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address")
+}
+
+struct Gateway {
+    child: Child,
+    admin: SocketAddr,
+    facade: SocketAddr,
+}
+
+fn start(dir: &Path, admin: SocketAddr, facade: SocketAddr) -> Gateway {
+    let child = Command::new(floodgate_bin())
+        .arg("run")
+        .arg("--config")
+        .arg(dir.join("links.yaml"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--listen")
+        .arg(facade.to_string())
+        .arg("--admin-listen")
+        .arg(admin.to_string())
+        .arg("--grpc-listen")
+        .arg(free_addr().to_string())
+        .arg("--admin-token-file")
+        .arg(dir.join("admin-token"))
+        .env("FLOODGATE_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("floodgate starts");
+    Gateway {
+        child,
+        admin,
+        facade,
+    }
+}
+
+async fn until(secs: u64, what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {secs} s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn link(g: &Gateway) -> Value {
+    match admin::call(g.admin, "GET", "/links/east", None, "").await {
+        Ok((200, v)) => v,
+        _ => Value::Null,
+    }
+}
+
+async fn ready(g: &Gateway) -> bool {
+    matches!(
+        admin::call_text(g.admin, "GET", "/readyz", None, "").await,
+        Ok((200, _))
+    )
+}
+
+/// Service names a consumer of the link lists.
+async fn services(g: &Gateway, state: &Path) -> BTreeSet<String> {
+    let token = std::fs::read_to_string(state.join("tokens/east")).expect("the link's token");
+    let ca = std::fs::read_to_string(state.join("tls/ca.crt")).expect("the CA");
+    let server = format!("https://{}/links/east", g.facade);
+    let yaml = floodgate::run::consumer_kubeconfig(&server, token.trim(), Some(&ca), "east");
+    let client = client_from(&yaml).await.expect("a client");
+    let api: Api<Service> = Api::all(client);
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
+fn names(v: &[&str]) -> BTreeSet<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
+    let store = Arc::new(SimStore::new(75, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for svc in ["web", "api"] {
+        cluster.add_service(svc, true);
+        cluster.scale(svc, 2, true);
+    }
+    let sim = RunningSim::start(store, "remote-token")
+        .await
+        .expect("kube-sim");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
+    std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token");
+    std::fs::write(
+        dir.join("links.yaml"),
+        format!(
+            "links:\n- name: east\n  spec:\n    remote:\n      kubeconfigPath: {}\n",
+            dir.join("remote.kubeconfig").display()
+        ),
+    )
+    .expect("links file");
+    let state = dir.join("state");
+    let (admin_addr, facade) = (free_addr(), free_addr());
+
+    let mut g = start(dir, admin_addr, facade);
+    until(60, "the first run syncs", async || ready(&g).await).await;
+    assert_eq!(services(&g, &state).await, names(&["api", "web"]));
+    let (code, v) = admin::call(
+        g.admin,
+        "POST",
+        "/links/east/quarantine",
+        Some(ADMIN_TOKEN),
+        r#"{"message": "S5"}"#,
+    )
+    .await
+    .expect("POST");
+    assert_eq!(code, 200, "{v}");
+    let file = state.join("links/east/quarantine.json");
+    until(10, "the quarantine is on disk", async || file.exists()).await;
+
+    // The remote moves on, then Floodgate dies without a chance to clean up.
+    cluster.add_service("new", true);
+    cluster.relabel("api", "mirror.linkerd.io/exported", None);
+    g.child.kill().await.expect("SIGKILL");
+
+    let g = start(dir, admin_addr, facade);
+    until(30, "the restarted link serves", async || ready(&g).await).await;
+    let v = link(&g).await;
+    assert_eq!(v["phase"], "Quarantined", "{v}");
+    assert_eq!(v["quarantine"]["message"], "S5", "{v}");
+    assert_eq!(
+        services(&g, &state).await,
+        names(&["api", "web"]),
+        "the last good view, not the remote's new state"
+    );
+
+    let (code, v) = admin::call(
+        g.admin,
+        "POST",
+        "/links/east/release",
+        Some(ADMIN_TOKEN),
+        "",
+    )
+    .await
+    .expect("POST");
+    assert_eq!(code, 200, "{v}");
+    until(
+        30,
+        "the released link converges to the remote",
+        async || services(&g, &state).await == names(&["new", "web"]),
+    )
+    .await;
+    assert!(
+        !file.exists(),
+        "a released link leaves no quarantine on disk"
+    );
+    assert_eq!(link(&g).await["phase"], "Healthy");
+}
