@@ -164,3 +164,15 @@ impl Drop for RunningSim {
         self.task.abort();
     }
 }
+
+/// Polls `cond` every 50 ms until it holds; panics naming `what` once `secs` have passed.
+pub async fn until(secs: u64, what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {secs} s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::Stack;
 use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::until;
 use futures_util::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
@@ -28,18 +28,6 @@ fn slices(reader: &Store<EndpointSlice>) -> BTreeMap<String, usize> {
             )
         })
         .collect()
-}
-
-/// Polls `cond` every 50 ms until it holds or `secs` have passed.
-async fn until(secs: u64, what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {secs} s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn link(stack: &Stack) -> Value {

@@ -6,13 +6,13 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::client_from;
 use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::until;
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::ListParams;
@@ -71,17 +71,6 @@ fn start(dir: &Path, admin: SocketAddr, facade: SocketAddr) -> Gateway {
         child,
         admin,
         facade,
-    }
-}
-
-async fn until(secs: u64, what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {secs} s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
