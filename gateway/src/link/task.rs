@@ -246,16 +246,20 @@ fn spawn_persister(dir: LinkDir, view: View) -> mpsc::Sender<Persist> {
     tokio::spawn(async move {
         while let Some(op) = rx.recv().await {
             let (d, view) = (dir.clone(), view.clone());
-            let result = match op {
+            let (what, result) = match op {
                 // The view is frozen while quarantined: what it holds now is what is served.
-                Persist::Save(q, now) => {
-                    tokio::task::spawn_blocking(move || d.save(&q, now, &view)).await
-                }
-                Persist::Clear => tokio::task::spawn_blocking(move || d.clear()).await,
+                Persist::Save(q, now) => (
+                    "saving",
+                    tokio::task::spawn_blocking(move || d.save(&q, now, &view)).await,
+                ),
+                Persist::Clear => (
+                    "clearing",
+                    tokio::task::spawn_blocking(move || d.clear()).await,
+                ),
             };
             match result {
-                Ok(Ok(())) => tracing::info!("quarantine state saved"),
-                Ok(Err(e)) => tracing::error!(error = %e, "saving the quarantine state failed"),
+                Ok(Ok(())) => tracing::info!("{what} the quarantine on disk: done"),
+                Ok(Err(e)) => tracing::error!(error = %e, "{what} the quarantine on disk failed"),
                 Err(e) => tracing::error!(error = %e, "the quarantine writer panicked"),
             }
         }
