@@ -2,12 +2,17 @@
 CARGO ?= cargo
 # Scale of the demo's flood; CI runs it small as a smoke test.
 DEMO_ARGS ?=
+# Where cargo puts binaries (honours CARGO_TARGET_DIR).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
 .PHONY: demo test e2e bench crds lint build
 
-## demo: replay the discovery-flood incident through the churn engine and print what it does.
+## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
+## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
 demo:
-	$(CARGO) run --release --locked -q -p floodgate-e2e --bin demo -- $(DEMO_ARGS)
+	$(CARGO) build --release --locked -q -p floodgate --bin floodgate
+	$(CARGO) build --release --locked -q -p floodgate-e2e --bin demo --bin consumer
+	$(TARGET_DIR)/release/demo $(DEMO_ARGS)
 
 # The Python kubernetes client the client tests drive, in a virtualenv of its own.
 PY_VENV := $(CURDIR)/target/py-venv

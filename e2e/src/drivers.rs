@@ -42,6 +42,8 @@ struct ServiceModel {
     pods: Vec<PodModel>,
     next_index: u32,
     slices: usize,
+    /// Annotations the EndpointSlice controller's slices of this service carry.
+    slice_annotations: BTreeMap<String, String>,
 }
 
 /// A simulated namespace of services and their deployments, writing into a [`SimStore`].
@@ -122,6 +124,7 @@ impl Cluster {
                 pods: Vec::new(),
                 next_index: 0,
                 slices: 0,
+                slice_annotations: BTreeMap::new(),
             },
         );
     }
@@ -200,6 +203,17 @@ impl Cluster {
             self.sync(name, &mut svc, &BTreeSet::from([i / SLICE_SIZE]));
         }
         self.services.insert(name.to_owned(), svc);
+    }
+
+    /// Sets (or with `None` removes) an annotation on the service's slices from their next
+    /// rewrite on (scenarios stamp changes with it to measure how long they take to arrive).
+    pub fn annotate_slices(&mut self, name: &str, key: &str, value: Option<&str>) {
+        if let Some(svc) = self.services.get_mut(name) {
+            match value {
+                Some(v) => svc.slice_annotations.insert(key.to_owned(), v.to_owned()),
+                None => svc.slice_annotations.remove(key),
+            };
+        }
     }
 
     /// Changes a service's labels (moving it in or out of a selector); its slices follow.
@@ -341,10 +355,14 @@ impl Cluster {
                     ..Default::default()
                 })
                 .collect();
+            let mut metadata = self.meta(&format!("{name}-{n:05}"), labels.clone());
+            if !svc.slice_annotations.is_empty() {
+                metadata.annotations = Some(svc.slice_annotations.clone());
+            }
             objects.push(Object::EndpointSlice(Arc::new(EndpointSlice {
                 address_type: "IPv4".into(),
                 endpoints: Some(endpoints),
-                metadata: self.meta(&format!("{name}-{n:05}"), labels.clone()),
+                metadata,
                 ports: Some(vec![discovery::EndpointPort {
                     name: Some("http".into()),
                     port: Some(8080),

@@ -1,13 +1,17 @@
 //! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
-//! ([`drivers`]), a client of the admin API ([`admin`]), the scenario tests in `tests/`, and the
-//! demo (`src/bin/demo.rs`).
+//! ([`drivers`]), a client of the admin API ([`admin`]), Floodgate and consumers as processes
+//! ([`procs`], `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]) that the demo
+//! (`src/bin/demo.rs`) and the scenario benchmarks (`src/bin/scenarios.rs`) run, and the
+//! scenario tests in `tests/`.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod drivers;
+pub mod flood;
 pub mod gateway;
+pub mod procs;
 pub mod sim;
 
 use std::net::SocketAddr;
