@@ -33,9 +33,13 @@ test: $(PY_VENV)/bin/python
 e2e:
 	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass
 
-## bench: criterion benchmarks; figures print to the terminal and land in target/criterion.
+## bench: criterion benchmarks (the engine, upstream decoding, the facade), then the scenario
+## benchmarks S1 and S2 side by side; writes target/floodgate-bench/report.json and report.md.
 bench:
 	$(CARGO) bench --workspace --locked
+	$(CARGO) build --release --locked -q -p floodgate --bin floodgate
+	$(CARGO) build --release --locked -q -p floodgate-e2e --bin scenarios --bin consumer
+	$(TARGET_DIR)/release/scenarios --target-dir $(TARGET_DIR)
 
 ## crds: regenerate the CRD from the Rust types into manifests/crds/.
 crds:

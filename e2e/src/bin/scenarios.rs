@@ -1,0 +1,506 @@
+//! `make bench`'s side-by-side half: the scenario benchmarks S1 and S2, then the report.
+//!
+//! - **S1 flood** (incident 2), twice: a Deployment scaled to 50,000 crash-looping pods behind a
+//!   service that is not exported, then behind an exported one, while calm exported services
+//!   change now and then. Two identical consumers watch, one straight from kube-sim and one
+//!   through Floodgate ([`floodgate_e2e::flood`]); memory is each process's own VmHWM.
+//! - **S2 restart herd** (incident 1): 50 consumer processes restart 10 times each, straight
+//!   against kube-sim and then through Floodgate; kube-sim counts the requests it serves.
+//!
+//! Then `target/floodgate-bench/report.json` and `report.md` gather every figure of the design's
+//! performance table: these, the facade benchmark's (`facade.json`, written by `cargo bench -p
+//! floodgate-e2e --bench facade`) and criterion's estimates for the engine
+//! (`target/criterion/`), each with its target and the machine it ran on.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+use floodgate_e2e::RunningSim;
+use floodgate_e2e::drivers::Cluster;
+use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample, percentile};
+use floodgate_e2e::procs::{Floodgate, restart_herd};
+use floodgate_e2e::sim::SimStore;
+use floodgate_link_crd::{LinkSpec, RemoteSpec};
+use serde_json::{Value, json};
+
+/// Runs S1 and S2 side by side and writes the benchmark report.
+#[derive(Debug, Parser)]
+struct Args {
+    /// S1: pods the bad Deployment scales to.
+    #[arg(long, default_value_t = 50_000)]
+    pods: usize,
+    /// S1: pods flipping between ready and crashed per second.
+    #[arg(long, default_value_t = 5_000)]
+    flips_per_sec: usize,
+    /// S1: seconds of crash loop after the scale-up.
+    #[arg(long, default_value_t = 20)]
+    flood_secs: u64,
+    /// S2: consumers that restart.
+    #[arg(long, default_value_t = 50)]
+    consumers: usize,
+    /// S2: restarts of each.
+    #[arg(long, default_value_t = 10)]
+    restarts: u32,
+    /// Cargo's target directory (default: the one this binary was built in).
+    #[arg(long)]
+    target_dir: Option<PathBuf>,
+}
+
+/// Prints a line every five seconds.
+struct Progress(&'static str);
+
+impl Reporter for Progress {
+    fn started(&mut self, _: &str) {
+        println!("{}: running", self.0);
+    }
+
+    fn sample(&mut self, s: &Sample) {
+        if s.t.is_multiple_of(5) {
+            println!(
+                "{}: t={:>3}s upstream {:>6}/s  direct {:>8} ev {:>6.1} MiB  via {:>6} ev {:>5.1} MiB  Floodgate {:>6.1} MiB  {}",
+                self.0,
+                s.t,
+                s.upstream_events,
+                s.direct_events,
+                s.direct_rss_kib as f64 / 1024.0,
+                s.via_events,
+                s.via_rss_kib as f64 / 1024.0,
+                s.floodgate_rss_kib as f64 / 1024.0,
+                s.phase
+            );
+        }
+    }
+
+    async fn done(&mut self, _: &Outcome) {}
+}
+
+fn s1_plan(args: &Args, exported: bool) -> Plan {
+    Plan {
+        pods: args.pods,
+        exported,
+        ramp: 10,
+        flood: args.flood_secs,
+        flips_per_sec: args.flips_per_sec,
+        calm_every: Duration::from_millis(500),
+        release: exported,
+        spec: default_spec(),
+    }
+}
+
+/// S2's figures: upstream requests kube-sim served.
+#[derive(Debug)]
+struct Herd {
+    direct_requests: u64,
+    via_requests: u64,
+    floodgate_own_requests: u64,
+    direct_secs: f64,
+    via_secs: f64,
+}
+
+fn requests(sim: &RunningSim) -> u64 {
+    let c = sim.api.counters.snapshot();
+    c.lists + c.watches + c.gets
+}
+
+async fn s2(dir: &Path, consumers: usize, restarts: u32) -> anyhow::Result<Herd> {
+    let store = Arc::new(SimStore::new(std::process::id(), 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for i in 0..20 {
+        let name = format!("svc-{i}");
+        cluster.add_service(&name, i % 4 != 0);
+        cluster.scale(&name, 10, true);
+    }
+    let sim = RunningSim::start(store, "remote-token").await?;
+
+    let t = Instant::now();
+    let before = requests(&sim);
+    restart_herd(dir, &sim.kubeconfig(), consumers, restarts).await?;
+    let direct_requests = requests(&sim) - before;
+    let direct_secs = t.elapsed().as_secs_f64();
+
+    let before = requests(&sim);
+    let fg_dir = dir.join("floodgate");
+    std::fs::create_dir_all(&fg_dir)?;
+    let fg = Floodgate::start(&fg_dir, "east", &sim.kubeconfig(), default_spec()).await?;
+    // Floodgate's own LIST+WATCH per resource, and the pods it fetches: settle first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let settled = requests(&sim);
+    let t = Instant::now();
+    restart_herd(&fg_dir, &fg.consumer_kubeconfig()?, consumers, restarts).await?;
+    let via_requests = requests(&sim) - settled;
+    let via_secs = t.elapsed().as_secs_f64();
+    fg.stop().await?;
+    Ok(Herd {
+        direct_requests,
+        via_requests,
+        floodgate_own_requests: settled - before,
+        direct_secs,
+        via_secs,
+    })
+}
+
+/// The product's defaults: what a user gets.
+fn default_spec() -> LinkSpec {
+    LinkSpec::with_remote(RemoteSpec::default())
+}
+
+/// Criterion's mean estimate for `group/function`, in ns per iteration, with its interval.
+fn criterion_ns(target: &Path, id: &str) -> Option<(f64, f64, f64)> {
+    let path = target.join("criterion").join(id).join("new/estimates.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let m = &v["mean"];
+    Some((
+        m["point_estimate"].as_f64()?,
+        m["confidence_interval"]["lower_bound"].as_f64()?,
+        m["confidence_interval"]["upper_bound"].as_f64()?,
+    ))
+}
+
+fn machine() -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default();
+    let mem_kib: u64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_default();
+    json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": model,
+        "memory_gib": (mem_kib as f64 / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "date": jiff::Timestamp::now().to_string(),
+    })
+}
+
+/// One row of the report.
+struct Figure {
+    what: String,
+    direct: String,
+    floodgate: String,
+    ratio: String,
+    target: String,
+    met: Option<bool>,
+}
+
+impl Figure {
+    fn json(&self) -> Value {
+        json!({"what": self.what, "direct": self.direct, "floodgate": self.floodgate,
+               "ratio": self.ratio, "target": self.target, "met": self.met})
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
+    let ratio = o.direct_events as f64 / o.via_events.max(1) as f64;
+    out.push(Figure {
+        what: format!("S1 {name}: downstream events, direct / through Floodgate"),
+        direct: o.direct_events.to_string(),
+        floodgate: o.via_events.to_string(),
+        ratio: format!("{ratio:.0}x fewer"),
+        target: ">= 100x fewer".into(),
+        met: Some(ratio >= 100.0),
+    });
+    let mem = o.via_peak_kib as f64 / o.direct_peak_kib.max(1) as f64;
+    out.push(Figure {
+        what: format!("S1 {name}: consumer peak memory (VmHWM), through Floodgate / direct"),
+        direct: mib(o.direct_peak_kib),
+        floodgate: mib(o.via_peak_kib),
+        ratio: format!("{:.1}%", mem * 100.0),
+        target: "<= 10%".into(),
+        met: Some(mem <= 0.10),
+    });
+    let p99 = percentile(&o.via_staleness_ms, 0.99);
+    out.push(Figure {
+        what: format!(
+            "S1 {name}: calm service change visible downstream, p99 ({} changes{})",
+            o.via_staleness_ms.len(),
+            if o.via_missed > 0 {
+                format!(", {} never arrived", o.via_missed)
+            } else {
+                String::new()
+            }
+        ),
+        direct: format!("{} ms", percentile(&o.direct_staleness_ms, 0.99)),
+        floodgate: format!("{p99} ms"),
+        ratio: String::new(),
+        target: "p99 <= 2 s".into(),
+        met: Some(p99 <= 2000 && o.via_missed == 0 && !o.via_staleness_ms.is_empty()),
+    });
+    out.push(Figure {
+        what: format!("S1 {name}: Floodgate peak RSS"),
+        direct: String::new(),
+        floodgate: mib(o.floodgate_peak_kib),
+        ratio: String::new(),
+        target: "<= 256 MiB".into(),
+        met: Some(o.floodgate_peak_kib <= 256 * 1024),
+    });
+    if let Some(q) = o.quarantined_after_s {
+        out.push(Figure {
+            what: format!("S1 {name}: quarantine, from the start of the scale-up"),
+            direct: "never".into(),
+            floodgate: format!("{q:.1} s"),
+            ratio: String::new(),
+            target: "(reported)".into(),
+            met: None,
+        });
+    }
+}
+
+fn engine_figures(target: &Path, out: &mut Vec<Figure>) {
+    let rows = [
+        (
+            "engine/ingest_100k_events_10k_services",
+            100_000.0,
+            "churn engine, pre-decoded events, one core",
+            1_000_000.0,
+        ),
+        (
+            "upstream/decode_and_ingest_10k_slice_frames",
+            10_000.0,
+            "upstream ingest, JSON decoding included, one core",
+            65_000.0,
+        ),
+        (
+            "upstream/decode_10k_slice_frames",
+            10_000.0,
+            "JSON decoding alone (reference: about 130,000/s)",
+            0.0,
+        ),
+    ];
+    for (id, elements, what, goal) in rows {
+        let Some((ns, lo, hi)) = criterion_ns(target, id) else {
+            out.push(Figure {
+                what: what.into(),
+                direct: String::new(),
+                floodgate: "not measured (run `cargo bench -p floodgate --bench churn`)".into(),
+                ratio: String::new(),
+                target: String::new(),
+                met: None,
+            });
+            continue;
+        };
+        let rate = |ns: f64| elements / (ns / 1e9);
+        out.push(Figure {
+            what: what.into(),
+            direct: String::new(),
+            floodgate: format!(
+                "{:.0} events/s (95% CI {:.0}-{:.0})",
+                rate(ns),
+                rate(hi),
+                rate(lo)
+            ),
+            ratio: String::new(),
+            target: if goal > 0.0 {
+                format!(">= {goal:.0} events/s")
+            } else {
+                "(reference)".into()
+            },
+            met: (goal > 0.0).then(|| rate(ns) >= goal),
+        });
+    }
+}
+
+fn facade_figures(target: &Path, out: &mut Vec<Figure>) {
+    let path = target.join("floodgate-bench/facade.json");
+    let Some(f) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+    else {
+        out.push(Figure {
+            what: "facade: LIST, initial sync, fan-out".into(),
+            direct: String::new(),
+            floodgate: "not measured (run `cargo bench -p floodgate-e2e --bench facade`)".into(),
+            ratio: String::new(),
+            target: String::new(),
+            met: None,
+        });
+        return;
+    };
+    let n = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let mut row = |what: &str, value: String, target: &str, met: bool| {
+        out.push(Figure {
+            what: what.into(),
+            direct: String::new(),
+            floodgate: value,
+            ratio: String::new(),
+            target: target.into(),
+            met: Some(met),
+        })
+    };
+    let sync = n(&f["initial_sync"]["median_ms"]);
+    row(
+        "initial sync (streaming list) of 10,000 EndpointSlices to a kube-rs watcher",
+        format!("{sync:.0} ms"),
+        "<= 500 ms",
+        sync <= 500.0,
+    );
+    let list = n(&f["list"]["median_ms"]);
+    row(
+        &format!(
+            "LIST of 10,000 EndpointSlices ({:.0} MB of JSON), warm, over TLS",
+            n(&f["list"]["bytes"]) / 1e6
+        ),
+        format!("{list:.1} ms"),
+        "<= 100 ms",
+        list <= 100.0,
+    );
+    let fan = &f["fanout"];
+    let lat = n(&fan["latency_median_ms"]);
+    row(
+        "fan-out: one update reaches 1,000 watchers (median)",
+        format!("{lat:.1} ms (p99 {:.1} ms)", n(&fan["latency_p99_ms"])),
+        "<= 10 ms",
+        lat <= 10.0,
+    );
+    let cpu = n(&fan["server_cpu_us_per_event"]);
+    row(
+        "fan-out: server CPU per delivered event",
+        format!("{cpu:.1} us"),
+        "<= 5 us",
+        cpu <= 5.0,
+    );
+    let idle = n(&fan["server_rss_kib_per_idle_watcher"]);
+    row(
+        "fan-out: memory per idle watcher",
+        format!("{idle:.1} KiB"),
+        "<= 16 KiB",
+        idle <= 16.0,
+    );
+}
+
+fn markdown(machine: &Value, figures: &[Figure]) -> String {
+    let mut md = String::from("# Floodgate benchmark report\n\n");
+    md.push_str(&format!(
+        "Machine: {} cores ({}), {} GiB, Linux {}; run {}.\n\n",
+        machine["cores"],
+        machine["cpu"].as_str().unwrap_or("unknown CPU"),
+        machine["memory_gib"],
+        machine["kernel"].as_str().unwrap_or(""),
+        machine["date"].as_str().unwrap_or("")
+    ));
+    md.push_str("| figure | direct | through Floodgate | ratio | target | met |\n");
+    md.push_str("| --- | --- | --- | --- | --- | --- |\n");
+    for f in figures {
+        let met = match f.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {met} |\n",
+            f.what, f.direct, f.floodgate, f.ratio, f.target
+        ));
+    }
+    md.push_str("\nReproduce with `make bench`.\n");
+    md
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let target = match &args.target_dir {
+        Some(t) => t.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(Path::parent)
+            .context("target/<profile>/scenarios")?
+            .to_path_buf(),
+    };
+    let out = target.join("floodgate-bench");
+    std::fs::create_dir_all(&out)?;
+    let work = tempfile::tempdir()?;
+
+    let hidden_dir = work.path().join("s1-hidden");
+    let exported_dir = work.path().join("s1-exported");
+    let herd_dir = work.path().join("s2");
+    for d in [&hidden_dir, &exported_dir, &herd_dir] {
+        std::fs::create_dir_all(d)?;
+    }
+    let hidden = flood::run(
+        &hidden_dir,
+        &s1_plan(&args, false),
+        &mut Progress("S1 hidden"),
+    )
+    .await?;
+    let exported = flood::run(
+        &exported_dir,
+        &s1_plan(&args, true),
+        &mut Progress("S1 exported"),
+    )
+    .await?;
+    println!(
+        "S2: {} consumers x {} restarts",
+        args.consumers, args.restarts
+    );
+    let herd = s2(&herd_dir, args.consumers, args.restarts).await?;
+
+    let mut figures = Vec::new();
+    s1_figures(
+        "(flood behind a service that is not exported)",
+        &hidden,
+        &mut figures,
+    );
+    s1_figures(
+        "(flood behind an exported service)",
+        &exported,
+        &mut figures,
+    );
+    figures.push(Figure {
+        what: format!(
+            "S2: upstream requests caused by {} consumers restarting {} times",
+            args.consumers, args.restarts
+        ),
+        direct: herd.direct_requests.to_string(),
+        floodgate: format!(
+            "{} (Floodgate's own start: {})",
+            herd.via_requests, herd.floodgate_own_requests
+        ),
+        ratio: String::new(),
+        target: "0 (one LIST+WATCH per resource per link)".into(),
+        met: Some(herd.via_requests == 0),
+    });
+    engine_figures(&target, &mut figures);
+    facade_figures(&target, &mut figures);
+
+    let machine = machine();
+    let strip = |o: &Outcome| {
+        let mut v = serde_json::to_value(o).unwrap_or_default();
+        v["samples_every_second"] = v["samples"].take();
+        v
+    };
+    let report = json!({
+        "machine": machine,
+        "figures": figures.iter().map(Figure::json).collect::<Vec<_>>(),
+        "s1": {"pods": args.pods, "flips_per_sec": args.flips_per_sec,
+               "hidden": strip(&hidden), "exported": strip(&exported)},
+        "s2": {"consumers": args.consumers, "restarts": args.restarts,
+               "direct_requests": herd.direct_requests, "via_requests": herd.via_requests,
+               "floodgate_own_requests": herd.floodgate_own_requests,
+               "direct_secs": herd.direct_secs, "via_secs": herd.via_secs},
+    });
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let md = markdown(&machine, &figures);
+    std::fs::write(out.join("report.md"), &md)?;
+    println!("\n{md}");
+    println!(
+        "reports: {} and {}",
+        out.join("report.json").display(),
+        out.join("report.md").display()
+    );
+    Ok(())
+}
