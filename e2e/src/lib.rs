@@ -11,6 +11,7 @@ pub mod admin;
 pub mod drivers;
 pub mod flood;
 pub mod gateway;
+pub mod herd;
 pub mod procs;
 pub mod sim;
 

@@ -28,6 +28,7 @@ pub mod object;
 mod publish;
 pub mod quarantine;
 pub mod restore;
+mod schedule;
 pub mod select;
 pub mod store;
 
@@ -466,83 +467,15 @@ impl Engine {
         }
         self.promote(now);
         self.publish_ready(now);
+        // A group is in at most one of the due, ready and parked queues (`mark` queues only on
+        // Idle -> Pending; `promote` re-queues what it pops), so `pending()` counts groups.
+        debug_assert!(self.pending() <= self.groups.len());
         earliest([
             self.due.peek().map(|Reverse((t, _))| *t),
             self.parked.peek().map(|Reverse((t, _))| *t),
             self.link_wait,
             self.flood.next_boundary(),
         ])
-    }
-
-    /// Pending groups whose window closed, and parked groups whose token is there, get in line.
-    fn promote(&mut self, now: Instant) {
-        while let Some(Reverse((t, _))) = self.due.peek() {
-            if *t > now {
-                break;
-            }
-            let Some(Reverse((_, g))) = self.due.pop() else {
-                break;
-            };
-            let Some(st) = self.groups.get_mut(&g) else {
-                continue;
-            };
-            if let Slot::Pending { first, last } = st.slot {
-                let at = (last + self.quiet).min(first + self.max_delay);
-                if at <= now {
-                    st.slot = Slot::Ready;
-                    self.ready.push_back(g);
-                } else {
-                    self.due.push(Reverse((at, g)));
-                }
-            }
-        }
-        while let Some(Reverse((t, _))) = self.parked.peek() {
-            if *t > now {
-                break;
-            }
-            let Some(Reverse((_, g))) = self.parked.pop() else {
-                break;
-            };
-            if let Some(st) = self.groups.get_mut(&g) {
-                st.slot = Slot::Ready;
-                self.ready.push_back(g);
-            }
-        }
-    }
-
-    /// Round robin over ready groups while the link has tokens. A link token taken for a group
-    /// whose own bucket is empty passes to the next group in the same instant, so no token is
-    /// spent on a publication that did not happen.
-    fn publish_ready(&mut self, now: Instant) {
-        self.link_wait = None;
-        let mut link_token = false;
-        while !self.ready.is_empty() {
-            if !link_token {
-                match self.budget.take_link() {
-                    Ok(()) => link_token = true,
-                    Err(wait) => {
-                        self.counters.throttled += 1;
-                        self.link_wait = Some(now + wait);
-                        break;
-                    }
-                }
-            }
-            let Some(g) = self.ready.pop_front() else {
-                break;
-            };
-            let Some(st) = self.groups.get_mut(&g) else {
-                continue;
-            };
-            if let Err(wait) = self.budget.take_service(&st.bucket) {
-                self.counters.throttled += 1;
-                st.slot = Slot::Parked;
-                self.parked.push(Reverse((now + wait, g)));
-                continue;
-            }
-            link_token = false;
-            st.slot = Slot::Idle;
-            self.publish(&g);
-        }
     }
 }
 

@@ -13,16 +13,12 @@
 //! (`target/criterion/`), each with its target and the machine it ran on.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use floodgate_e2e::RunningSim;
-use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample, percentile};
-use floodgate_e2e::procs::{Floodgate, restart_herd};
-use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::herd;
 use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use serde_json::{Value, json};
 
@@ -88,58 +84,6 @@ fn s1_plan(args: &Args, exported: bool) -> Plan {
         release: exported,
         spec: default_spec(),
     }
-}
-
-/// S2's figures: upstream requests kube-sim served.
-#[derive(Debug)]
-struct Herd {
-    direct_requests: u64,
-    via_requests: u64,
-    floodgate_own_requests: u64,
-    direct_secs: f64,
-    via_secs: f64,
-}
-
-fn requests(sim: &RunningSim) -> u64 {
-    let c = sim.api.counters.snapshot();
-    c.lists + c.watches + c.gets
-}
-
-async fn s2(dir: &Path, consumers: usize, restarts: u32) -> anyhow::Result<Herd> {
-    let store = Arc::new(SimStore::new(std::process::id(), 10_000));
-    let mut cluster = Cluster::new(store.clone(), "prod");
-    for i in 0..20 {
-        let name = format!("svc-{i}");
-        cluster.add_service(&name, i % 4 != 0);
-        cluster.scale(&name, 10, true);
-    }
-    let sim = RunningSim::start(store, "remote-token").await?;
-
-    let t = Instant::now();
-    let before = requests(&sim);
-    restart_herd(dir, &sim.kubeconfig(), consumers, restarts).await?;
-    let direct_requests = requests(&sim) - before;
-    let direct_secs = t.elapsed().as_secs_f64();
-
-    let before = requests(&sim);
-    let fg_dir = dir.join("floodgate");
-    std::fs::create_dir_all(&fg_dir)?;
-    let fg = Floodgate::start(&fg_dir, "east", &sim.kubeconfig(), default_spec()).await?;
-    // Floodgate's own LIST+WATCH per resource, and the pods it fetches: settle first.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let settled = requests(&sim);
-    let t = Instant::now();
-    restart_herd(&fg_dir, &fg.consumer_kubeconfig()?, consumers, restarts).await?;
-    let via_requests = requests(&sim) - settled;
-    let via_secs = t.elapsed().as_secs_f64();
-    fg.stop().await?;
-    Ok(Herd {
-        direct_requests,
-        via_requests,
-        floodgate_own_requests: settled - before,
-        direct_secs,
-        via_secs,
-    })
 }
 
 /// The product's defaults: what a user gets.
@@ -444,7 +388,7 @@ async fn main() -> anyhow::Result<()> {
         "S2: {} consumers x {} restarts",
         args.consumers, args.restarts
     );
-    let herd = s2(&herd_dir, args.consumers, args.restarts).await?;
+    let herd = herd::run(&herd_dir, args.consumers, args.restarts, default_spec()).await?;
 
     let mut figures = Vec::new();
     s1_figures(

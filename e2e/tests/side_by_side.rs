@@ -1,0 +1,98 @@
+//! The demo's and the scenario benchmarks' machinery at a small scale, with every process real:
+//! kube-sim floods, `floodgate run` follows it, two `consumer` processes watch (one direct, one
+//! through Floodgate). The figures the report prints come from here, so they are checked here.
+
+use std::time::Duration;
+
+use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
+use floodgate_e2e::herd;
+use floodgate_link_crd::{KubeDuration, LinkSpec, RemoteSpec};
+
+#[derive(Default)]
+struct Record {
+    status_page: String,
+    samples: Vec<Sample>,
+    done: bool,
+}
+
+impl Reporter for Record {
+    fn started(&mut self, status_page: &str) {
+        self.status_page = status_page.to_owned();
+    }
+
+    fn sample(&mut self, sample: &Sample) {
+        self.samples.push(sample.clone());
+    }
+
+    async fn done(&mut self, _: &Outcome) {
+        self.done = true;
+    }
+}
+
+fn spec() -> LinkSpec {
+    let mut spec = LinkSpec::with_remote(RemoteSpec::default());
+    spec.quarantine.when.events_per_second = 200;
+    spec.quarantine.when.sustained_for = KubeDuration::from_secs(2);
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_flood_is_quarantined_released_and_costs_the_consumer_less() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = Plan {
+        pods: 1_500,
+        exported: true,
+        ramp: 2,
+        flood: 5,
+        flips_per_sec: 600,
+        calm_every: Duration::from_millis(300),
+        release: true,
+        spec: spec(),
+    };
+    let mut record = Record::default();
+    let o = flood::run(dir.path(), &plan, &mut record)
+        .await
+        .expect("the run completes");
+    assert!(record.done && record.status_page.starts_with("http://127.0.0.1:"));
+    assert_eq!(record.samples.len(), o.samples.len());
+    assert!(
+        o.quarantined_after_s.is_some(),
+        "quarantined: {:?}",
+        o.samples
+    );
+    assert!(
+        o.converged_after_release_s.is_some(),
+        "converged after the release"
+    );
+    assert_eq!(o.final_phase, "Healthy");
+    assert!(
+        o.samples.iter().any(|s| s.phase == "Quarantined"),
+        "the table shows the quarantine"
+    );
+    // The direct consumer saw at least every pod created; the one behind Floodgate far fewer.
+    assert!(o.direct_events >= 1_500, "{}", o.direct_events);
+    assert!(
+        o.via_events * 2 < o.direct_events,
+        "{} via vs {} direct",
+        o.via_events,
+        o.direct_events
+    );
+    assert!(o.upstream_events >= o.direct_events / 2);
+    // Memory was read from the processes.
+    assert!(o.direct_peak_kib > 1024 && o.via_peak_kib > 1024 && o.floodgate_peak_kib > 1024);
+    // Calm changes made before the quarantine reached both consumers.
+    assert!(!o.direct_staleness_ms.is_empty());
+    assert!(!o.via_staleness_ms.is_empty(), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_herd_through_floodgate_costs_the_remote_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = herd::run(dir.path(), 4, 2, spec())
+        .await
+        .expect("the herd runs");
+    // Each restart of a direct consumer is one streaming list per resource at least.
+    assert!(h.direct_requests >= 4 * 2 * 3, "{h:?}");
+    assert_eq!(h.via_requests, 0, "{h:?}");
+    assert!(h.floodgate_own_requests > 0, "{h:?}");
+}
