@@ -421,7 +421,9 @@ async fn main() -> anyhow::Result<()> {
     let machine = machine();
     let strip = |o: &Outcome| {
         let mut v = serde_json::to_value(o).unwrap_or_default();
-        v["samples_every_second"] = v["samples"].take();
+        if let Some(samples) = v.as_object_mut().and_then(|m| m.remove("samples")) {
+            v["samples_every_second"] = samples;
+        }
         v
     };
     let report = json!({
