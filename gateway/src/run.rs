@@ -276,8 +276,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     }
     let links = Arc::new(handles);
 
-    let facade = TcpListener::bind(cfg.listen)
-        .await
+    let facade = kubeapi::serve::bind(cfg.listen)
         .with_context(|| format!("binding the facade to {}", cfg.listen))?;
     let facade_addr = facade.local_addr()?;
     let router = kubeapi::links_router(Arc::new(Links::new(apis.clone())));

@@ -85,6 +85,23 @@ mod secs {
     }
 }
 
+/// The listen backlog: connections the kernel completes before Floodgate accepts them. Linux
+/// caps it at `net.core.somaxconn` (4096 by default); a restart herd of consumers reconnecting
+/// at once fits, where tokio's default of 1024 drops handshakes.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the facade's listener with [`LISTEN_BACKLOG`].
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves `router` on `listener` until `shutdown` completes, over TLS when `tls` is given;
 /// connections already open are left to finish on their own.
 pub async fn serve(
