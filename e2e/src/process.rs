@@ -79,6 +79,11 @@ pub async fn raw(addr: SocketAddr, request: &[u8], secs: u64) -> anyhow::Result<
                 Ok(0) | Err(_) => return,
                 Ok(n) => out.extend_from_slice(&buf[..n]),
             }
+            // A whole response is enough: hyper may keep reading what is left of a refused
+            // request before it closes.
+            if complete(&out) {
+                return;
+            }
         }
     })
     .await;
@@ -94,4 +99,18 @@ pub async fn raw(addr: SocketAddr, request: &[u8], secs: u64) -> anyhow::Result<
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     Ok(RawResponse { code, body })
+}
+
+/// Whether `out` holds a response head and the `content-length` bytes of body it announces.
+fn complete(out: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(out);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let len = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    len.is_some_and(|n| body.len() >= n)
 }
