@@ -487,3 +487,5 @@ fn the_token_file_is_trimmed_and_must_hold_a_token() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+mod race;
