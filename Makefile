@@ -29,9 +29,13 @@ test: $(PY_VENV)/bin/python
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
 
-## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]).
+## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]), then a
+## longer fuzz pass (20,000 proptest cases per fuzz test).
 e2e:
+	$(CARGO) build --locked -p floodgate --bin floodgate
 	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass
+	PROPTEST_CASES=20000 $(CARGO) nextest run --locked -p floodgate --no-fail-fast -E 'test(/fuzz/)'
+	PROPTEST_CASES=20000 $(CARGO) nextest run --locked -p floodgate-link-crd --no-fail-fast -E 'test(/fuzz/)'
 
 ## bench: criterion benchmarks (the engine, upstream decoding, the facade), then the scenario
 ## benchmarks S1 and S2 side by side; writes target/floodgate-bench/report.json and report.md.

@@ -51,6 +51,7 @@ impl Stack {
             tls: TlsSource::SelfSigned,
             hosts: vec![],
             admin_token_file: Some(token_file),
+            serve: Default::default(),
         };
         let floodgate = floodgate::run::start(cfg).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

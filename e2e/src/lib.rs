@@ -12,6 +12,7 @@ pub mod drivers;
 pub mod flood;
 pub mod gateway;
 pub mod herd;
+pub mod process;
 pub mod procs;
 pub mod sim;
 

@@ -562,6 +562,7 @@ async fn a_broken_link_harms_no_other_and_holds_readiness() {
         tls: floodgate::run::TlsSource::SelfSigned,
         hosts: vec![],
         admin_token_file: None,
+        serve: Default::default(),
     };
     let running = floodgate::run::start(cfg).await.expect("floodgate");
     let good_client =

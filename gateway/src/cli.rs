@@ -86,6 +86,16 @@ pub struct RunArgs {
     /// without it those routes answer 403.
     #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Connections the facade keeps open at most; more wait in the listen backlog.
+    #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", default_value_t = crate::kubeapi::serve::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// How long a facade client has to send a request head (slowloris defence), e.g. 10s.
+    #[arg(long, env = "FLOODGATE_HEADER_READ_TIMEOUT", default_value = "10s")]
+    pub header_read_timeout: floodgate_link_crd::KubeDuration,
+    /// How long a facade write may stay pending before the connection is closed (a client
+    /// that stopped reading), e.g. 30s.
+    #[arg(long, env = "FLOODGATE_WRITE_TIMEOUT", default_value = "30s")]
+    pub write_timeout: floodgate_link_crd::KubeDuration,
 }
 
 impl RunArgs {
@@ -121,6 +131,11 @@ impl RunArgs {
             tls,
             hosts: self.tls_hosts.clone(),
             admin_token_file: self.admin_token_file.clone(),
+            serve: crate::kubeapi::serve::ServeLimits {
+                max_connections: self.max_connections.max(1),
+                header_read_timeout: self.header_read_timeout.get(),
+                write_timeout: self.write_timeout.get(),
+            },
         })
     }
 }

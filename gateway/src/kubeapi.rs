@@ -13,6 +13,7 @@ pub mod query;
 pub mod resource;
 pub mod review;
 pub mod selector;
+pub mod serve;
 pub mod status;
 pub mod watch;
 

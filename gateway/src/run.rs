@@ -60,6 +60,8 @@ pub struct RunConfig {
     /// The file holding the admin API's bearer token; without it, mutating admin routes are
     /// refused (403).
     pub admin_token_file: Option<PathBuf>,
+    /// The facade listener's bounds (connections, header read and write timeouts).
+    pub serve: kubeapi::serve::ServeLimits,
 }
 
 /// A running Floodgate (in-process tests keep this to reach it).
@@ -274,27 +276,18 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     }
     let links = Arc::new(handles);
 
-    let facade = TcpListener::bind(cfg.listen)
-        .await
+    let facade = kubeapi::serve::bind(cfg.listen)
         .with_context(|| format!("binding the facade to {}", cfg.listen))?;
     let facade_addr = facade.local_addr()?;
     let router = kubeapi::links_router(Arc::new(Links::new(apis.clone())));
     let stop = wait_for(shutdown.clone());
-    let facade_task = match &tls {
-        Some(m) => {
-            let config = tls::server_config(m)?;
-            tokio::spawn(async move {
-                if let Err(e) = tls::serve_tls(facade, config, router, stop).await {
-                    tracing::error!(error = %e, "the facade stopped");
-                }
-            })
+    let facade_tls = tls.as_ref().map(tls::server_config).transpose()?;
+    let limits = cfg.serve;
+    let facade_task = tokio::spawn(async move {
+        if let Err(e) = kubeapi::serve::serve(facade, facade_tls, router, limits, stop).await {
+            tracing::error!(error = %e, "the facade stopped");
         }
-        None => tokio::spawn(async move {
-            if let Err(e) = kubeapi::serve_plain(facade, router, stop).await {
-                tracing::error!(error = %e, "the facade stopped");
-            }
-        }),
-    };
+    });
 
     let admin = TcpListener::bind(cfg.admin_listen)
         .await

@@ -1,24 +1,20 @@
 //! TLS for the facade: a server config from PEM files, or a self-signed CA and serving
-//! certificate generated at start (its CA goes into the kubeconfigs consumers use), and the
-//! accept loop that serves a router over TLS (HTTP/1.1 and HTTP/2 by ALPN).
+//! certificate generated at start (its CA goes into the kubeconfigs consumers use), and
+//! [`serve_tls`], the facade's listener ([`crate::kubeapi::serve`]) over TLS with its default
+//! bounds (HTTP/1.1 and HTTP/2 by ALPN).
 //!
-//! Each connection is its own task; a failed handshake or a broken connection ends only that
-//! task. Handshakes have a deadline so a client that connects and says nothing holds nothing.
+//! Handshakes have a deadline so a client that connects and says nothing holds nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 /// How long a client has to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -89,51 +85,23 @@ pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsEr
     Ok(Arc::new(cfg))
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` completes; connections already open
-/// are left to finish on their own.
+/// Serves `router` over TLS on `listener` until `shutdown` completes, with the default
+/// [`crate::kubeapi::serve::ServeLimits`]; connections already open are left to finish on their
+/// own.
 pub async fn serve_tls(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(config);
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                // Out of file descriptors and the like: wait a little rather than spin.
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
+    crate::kubeapi::serve::serve(
+        listener,
+        Some(config),
+        router,
+        crate::kubeapi::serve::ServeLimits::default(),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -30,5 +30,6 @@ pub fn config_json(cfg: &RunConfig) -> Value {
         "tlsHosts": cfg.hosts,
         "adminTokenFile": cfg.admin_token_file.as_ref().map(|p| p.display().to_string()),
         "mutatingRoutes": if cfg.admin_token_file.is_some() { "enabled" } else { "disabled" },
+        "facadeLimits": cfg.serve,
     })
 }

@@ -120,6 +120,7 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
         tls: TlsSource::SelfSigned,
         hosts: vec![],
         admin_token_file: token.map(|_| "/etc/floodgate/admin-token".into()),
+        serve: Default::default(),
     };
     let state = Arc::new(AdminState {
         links: links.clone(),
@@ -486,3 +487,5 @@ fn the_token_file_is_trimmed_and_must_hold_a_token() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+mod race;

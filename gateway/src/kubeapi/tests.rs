@@ -631,3 +631,5 @@ async fn a_cold_link_answers_503_with_retry_after_and_watches_are_bounded() {
     .await;
     assert_eq!(code, StatusCode::OK);
 }
+
+mod fuzz;

@@ -1,0 +1,116 @@
+//! The real `floodgate` binary as a child process, for tests that measure it from outside: its
+//! peak memory (`VmHWM`), its open file descriptors, what it prints; and raw HTTP/1.1 requests
+//! that no well-behaved client would send.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The `floodgate` binary cargo built beside the running test (`cargo build -p floodgate`,
+/// which `make test` does first).
+pub fn floodgate_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/..");
+    let bin = dir.join("floodgate");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p floodgate` (make test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A loopback address nothing listens on right now.
+pub fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address")
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmHWM`: peak resident memory; `VmRSS`: now).
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// File descriptors the process holds open (its sockets among them).
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// A response read off a raw socket.
+#[derive(Debug)]
+pub struct RawResponse {
+    /// The status code (0 when the server closed without answering).
+    pub code: u16,
+    /// The body (after the head), as text.
+    pub body: String,
+}
+
+impl RawResponse {
+    /// The body as JSON (`Null` when it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Writes `request` as is on a fresh connection and reads until the server closes (at most
+/// `secs`). The server may answer before the whole request is written.
+pub async fn raw(addr: SocketAddr, request: &[u8], secs: u64) -> anyhow::Result<RawResponse> {
+    let mut s = TcpStream::connect(addr).await?;
+    let _ = s.write_all(request).await;
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(secs), async {
+        let mut buf = [0u8; 16384];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+            // A whole response is enough: hyper may keep reading what is left of a refused
+            // request before it closes.
+            if complete(&out) {
+                return;
+            }
+        }
+    })
+    .await;
+    anyhow::ensure!(read.is_ok(), "no end of the response within {secs} s");
+    let text = String::from_utf8_lossy(&out);
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok(RawResponse { code, body })
+}
+
+/// Whether `out` holds a response head and the `content-length` bytes of body it announces.
+fn complete(out: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(out);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let len = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    len.is_some_and(|n| body.len() >= n)
+}

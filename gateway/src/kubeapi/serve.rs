@@ -1,0 +1,220 @@
+//! The facade's listener: accepts connections (TLS or, for loopback tests, plain HTTP) and serves
+//! a router on each, HTTP/1.1 and HTTP/2, within bounds a hostile client cannot push past.
+//!
+//! Flow: a connection permit (at most [`ServeLimits::max_connections`] connections are open; the
+//! next waits in the kernel's backlog until one closes) -> accept -> the socket wrapped with a
+//! write timeout -> TLS handshake with a deadline -> hyper-util's auto builder (header read
+//! timeout, header size and count limits) -> the router. Each connection is its own task; a
+//! failure ends only that connection.
+//!
+//! What each bound defends against:
+//! - slowloris (headers dribbled byte by byte): hyper's `header_read_timeout` closes the
+//!   connection when a request head has not arrived in time (an idle keep-alive connection too;
+//!   a plain connection that sends nothing at all is cut off after as long). Known gap: a TLS
+//!   client that negotiates HTTP/2 and then stays silent is held until it closes (hyper's
+//!   HTTP/2 handshake has no deadline); the connection limit bounds what that costs;
+//! - a watcher that never reads its socket: once the kernel's buffers are full a write stays
+//!   pending, and after [`ServeLimits::write_timeout`] the connection is closed, its watch slot
+//!   freed (the view's fan-out never queues for it: it only lags on the shared ring);
+//! - oversized request lines and headers: 414 and 431 from hyper; bodies: 413 in the facade.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
+use tokio_rustls::TlsAcceptor;
+
+/// Connections the facade keeps open at most by default. An idle TLS connection costs about
+/// 40 KiB here (README, measured figures), so 10,000 of them stay near 400 MiB; a link's
+/// consumers need a handful of connections each.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// How long a client has to send a request head (the API server's Go default has none; 10 s is
+/// what nginx and Envoy give a client on a fresh connection).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one write may stay pending before the connection is closed: a client that has not
+/// read a byte for this long is stuck, not slow.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest request head (request line and headers). A little over hyper's URI limit
+/// (65,534 bytes), so an overlong URI gets 414 and overlong headers 431; client-go's heads are
+/// a few hundred bytes.
+pub const MAX_HEADER_BYTES: usize = 80 * 1024;
+
+/// Headers per request at most (hyper's default; client-go sends about ten).
+pub const MAX_HEADERS: usize = 100;
+
+/// The bounds of one listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServeLimits {
+    /// Connections open at most; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// How long a client has to send a request head.
+    #[serde(with = "secs")]
+    pub header_read_timeout: Duration,
+    /// How long one write may stay pending.
+    #[serde(with = "secs")]
+    pub write_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+        }
+    }
+}
+
+/// Durations as seconds with a fraction, as the rest of `/config` writes them.
+mod secs {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs_f64()))
+    }
+}
+
+/// The listen backlog: connections the kernel completes before Floodgate accepts them. Linux
+/// caps it at `net.core.somaxconn` (4096 by default); a restart herd of consumers reconnecting
+/// at once fits, where tokio's default of 1024 drops handshakes.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the facade's listener with [`LISTEN_BACKLOG`].
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, over TLS when `tls` is given;
+/// connections already open are left to finish on their own.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    router: Router,
+    limits: ServeLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(TlsAcceptor::from);
+    // Permits are never closed, so acquiring one only fails if that changes.
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return Ok(()),
+            },
+        };
+        let (tcp, peer) = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of file descriptors and the like: wait a little rather than spin.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let served = match acceptor {
+                None => {
+                    // hyper-util reads the first bytes to tell HTTP/1 from HTTP/2 before hyper's
+                    // header timer runs: a client that sends nothing is cut off here.
+                    let mut byte = [0u8; 1];
+                    let first =
+                        tokio::time::timeout(limits.header_read_timeout, tcp.peek(&mut byte));
+                    if !matches!(first.await, Ok(Ok(n)) if n > 0) {
+                        tracing::debug!(%peer, "no request within the header read timeout");
+                        return;
+                    }
+                    builder(&limits)
+                        .serve_connection_with_upgrades(
+                            TokioIo::new(with_write_timeout(tcp, &limits)),
+                            service,
+                        )
+                        .await
+                }
+                Some(acceptor) => {
+                    let io = with_write_timeout(tcp, &limits);
+                    let tls = match tokio::time::timeout(
+                        crate::tls::HANDSHAKE_TIMEOUT,
+                        acceptor.accept(io),
+                    )
+                    .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    // ALPN says which protocol follows, so hyper's HTTP/1 header timer runs
+                    // from the start instead of waiting on version detection.
+                    let b = builder(&limits);
+                    let b = if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        b.http2_only()
+                    } else {
+                        b.http1_only()
+                    };
+                    b.serve_connection_with_upgrades(TokioIo::new(tls), service)
+                        .await
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+fn with_write_timeout(
+    tcp: tokio::net::TcpStream,
+    limits: &ServeLimits,
+) -> std::pin::Pin<Box<TimeoutStream<tokio::net::TcpStream>>> {
+    let mut io = TimeoutStream::new(tcp);
+    io.set_write_timeout(Some(limits.write_timeout));
+    Box::pin(io)
+}
+
+fn builder(limits: &ServeLimits) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(MAX_HEADERS)
+        .max_buf_size(MAX_HEADER_BYTES + 8 * 1024);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    b
+}
+
+#[cfg(test)]
+mod tests;
