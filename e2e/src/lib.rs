@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod drivers;
 pub mod gateway;
+pub mod local;
 pub mod sim;
 
 use std::net::SocketAddr;

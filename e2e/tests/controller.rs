@@ -1,0 +1,432 @@
+//! `floodgate controller` in-process against kube-sim's local cluster (Links, Secrets, Leases,
+//! Events), with kube-sim remotes behind the Links: Links created, updated and deleted; an
+//! invalid Link beside a good one; status and Events on transitions; two replicas sharing a
+//! Lease; losing the Lease stops the writer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::controller::lease::{self, LeaseTiming};
+use floodgate::controller::{ControllerArgs, Timing, writer};
+use floodgate_e2e::RunningSim;
+use floodgate_e2e::drivers::Cluster;
+use floodgate_e2e::gateway::client_from;
+use floodgate_e2e::local::RunningLocal;
+use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::until;
+use floodgate_link_crd::{Link, LinkSpec, LinkStatus, Phase, RemoteSpec, SecretKeyRef};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const NS: &str = "floodgate";
+
+fn fast() -> Timing {
+    Timing {
+        lease: LeaseTiming {
+            duration: Duration::from_secs(2),
+            renew: Duration::from_millis(200),
+        },
+        resync: Duration::from_millis(500),
+        status_tick: Duration::from_millis(100),
+        status_interval: Duration::from_millis(500),
+    }
+}
+
+/// One controller replica, in-process.
+struct Replica {
+    facade: SocketAddr,
+    state: tempfile::TempDir,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    async fn start(local: &RunningLocal, identity: &str) -> Self {
+        let facade = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = facade.local_addr().expect("addr");
+        let state = tempfile::tempdir().expect("tempdir");
+        let args = ControllerArgs {
+            namespace: NS.into(),
+            listen: addr,
+            admin_listen: admin.local_addr().expect("addr"),
+            state_dir: state.path().to_owned(),
+            tls_hosts: vec![],
+            identity: identity.into(),
+        };
+        let (stop, shutdown) = watch::channel(false);
+        let client = local.client(NS).expect("client");
+        let task = tokio::spawn(floodgate::controller::serve(
+            client,
+            args,
+            facade,
+            admin,
+            fast(),
+            shutdown,
+        ));
+        Self {
+            facade: addr,
+            state,
+            stop,
+            task,
+        }
+    }
+
+    /// A consumer of link `name` through this replica's facade.
+    async fn consumer(&self, name: &str, token: &str) -> kube::Client {
+        let ca_path: PathBuf = self.state.path().join("tls/ca.crt");
+        until(10, "the facade's CA is written", async || ca_path.exists()).await;
+        let ca = std::fs::read_to_string(&ca_path).expect("CA");
+        let url = format!("https://{}/links/{name}", self.facade);
+        let yaml = floodgate_e2e::sim::kubeconfig(&url, token, Some(&ca), name);
+        client_from(&yaml).await.expect("consumer client")
+    }
+
+    async fn stop(self) {
+        self.stop.send(true).expect("stop");
+        let ended = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        assert!(ended.is_ok(), "the replica stops within 10 s");
+    }
+}
+
+/// A remote with exported services `names`, two ready pods each.
+async fn remote(names: &[&str]) -> (RunningSim, Cluster) {
+    let store = Arc::new(SimStore::new(7, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for n in names {
+        cluster.add_service(n, true);
+        cluster.scale(n, 2, true);
+    }
+    let sim = RunningSim::start(store, "remote-token").await.expect("sim");
+    (sim, cluster)
+}
+
+fn mk_secret(name: &str, key: &str, value: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            key.to_owned(),
+            ByteString(value.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+fn mk_link(name: &str) -> Link {
+    Link::new(
+        name,
+        LinkSpec::with_remote(RemoteSpec {
+            kubeconfig_secret: Some(SecretKeyRef {
+                name: format!("{name}-credentials"),
+                key: "kubeconfig".into(),
+            }),
+            ..RemoteSpec::default()
+        }),
+    )
+}
+
+/// Creates link `name`'s Secrets (remote credentials, consumers' token) and the Link.
+async fn add_link(local: &RunningLocal, name: &str, sim: &RunningSim, link: Link) {
+    let client = local.client(NS).expect("client");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let pp = PostParams::default();
+    secrets
+        .create(
+            &pp,
+            &mk_secret(
+                &format!("{name}-credentials"),
+                "kubeconfig",
+                &sim.kubeconfig(),
+            ),
+        )
+        .await
+        .expect("credentials");
+    secrets
+        .create(
+            &pp,
+            &mk_secret(&format!("floodgate-token-{name}"), "token", &token(name)),
+        )
+        .await
+        .expect("token");
+    let links: Api<Link> = Api::namespaced(client, NS);
+    links.create(&pp, &link).await.expect("link");
+}
+
+fn token(name: &str) -> String {
+    format!("{name}-consumer-token")
+}
+
+async fn status(local: &RunningLocal, name: &str) -> Option<LinkStatus> {
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.status)
+}
+
+fn condition<'a>(
+    s: &'a LinkStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    s.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// True when `name`'s status is Ready for generation `generation`.
+async fn ready_at(local: &RunningLocal, name: &str, generation: i64) -> bool {
+    status(local, name).await.is_some_and(|s| {
+        s.observed_generation == Some(generation)
+            && condition(&s, "Ready")
+                .is_some_and(|c| c.status == "True" && c.observed_generation == Some(generation))
+    })
+}
+
+async fn service_names(c: &kube::Client) -> Option<BTreeSet<String>> {
+    let api: Api<Service> = Api::all(c.clone());
+    let list = api.list(&ListParams::default()).await.ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect(),
+    )
+}
+
+fn lease_holder(local: &RunningLocal, link: &str) -> Option<String> {
+    local
+        .store
+        .objects("leases")
+        .into_iter()
+        .find(|l| l["metadata"]["name"] == lease::lease_name(link).as_str())
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+}
+
+/// A good Link and an invalid one: the good one serves its remote's exported services through
+/// the facade and reports Ready with observedGeneration; the invalid one gets SpecValid=False
+/// with the reason and no run, and the good one is untouched. A spec change bumps the
+/// generation and the status follows it; a phase transition is recorded as an Event; deleting
+/// the Link stops it and its facade route goes away.
+#[tokio::test]
+async fn links_are_created_updated_and_deleted() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web", "api"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let mut bad = mk_link("bad");
+    bad.spec.coalesce.quiet = "5s".parse().expect("duration");
+    add_link(&local, "bad", &sim, bad).await;
+    let replica = Replica::start(&local, "replica-a").await;
+
+    until(30, "east is Ready at generation 1", async || {
+        ready_at(&local, "east", 1).await
+    })
+    .await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    let want: BTreeSet<String> = ["api", "web"].map(String::from).into();
+    until(10, "east's services through the facade", async || {
+        service_names(&consumer).await.as_ref() == Some(&want)
+    })
+    .await;
+    until(10, "bad says why it does not run", async || {
+        status(&local, "bad").await.is_some_and(|s| {
+            condition(&s, "SpecValid").is_some_and(|c| {
+                c.status == "False"
+                    && c.reason == "InvalidSpec"
+                    && c.message.contains("spec.coalesce.quiet")
+                    && c.observed_generation == Some(1)
+            }) && condition(&s, "Ready").is_some_and(|c| c.status == "False")
+        })
+    })
+    .await;
+    let bad_consumer = replica.consumer("bad", &token("bad")).await;
+    assert_eq!(
+        service_names(&bad_consumer).await,
+        None,
+        "an invalid Link serves nothing"
+    );
+    // The transition to Healthy was recorded by the holder.
+    until(10, "an Event for east's phase change", async || {
+        local.store.objects("events").iter().any(|e| {
+            e["regarding"]["name"] == "east"
+                && e["reason"] == "Healthy"
+                && e["reportingInstance"] == "replica-a"
+        })
+    })
+    .await;
+
+    // A spec change: the generation moves and the status follows it.
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let edited = links
+        .patch(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"caps": {"maxEndpointsPerService": 1}}})),
+        )
+        .await
+        .expect("edit");
+    assert_eq!(edited.metadata.generation, Some(2));
+    until(30, "east is Ready at generation 2", async || {
+        ready_at(&local, "east", 2).await
+    })
+    .await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    until(10, "east serves again after the restart", async || {
+        service_names(&consumer).await.as_ref() == Some(&want)
+    })
+    .await;
+    assert!(
+        status(&local, "bad")
+            .await
+            .is_some_and(|s| s.observed_generation == Some(1)),
+        "bad's status is untouched"
+    );
+
+    links
+        .delete("east", &DeleteParams::default())
+        .await
+        .expect("delete");
+    until(10, "east's facade route is gone", async || {
+        let api: Api<Service> = Api::all(consumer.clone());
+        matches!(api.list(&ListParams::default()).await, Err(kube::Error::Api(e)) if e.code == 404)
+    })
+    .await;
+    assert!(!replica.task.is_finished(), "the controller runs on");
+    replica.stop().await;
+}
+
+/// Two replicas: exactly one holds the link's Lease and writes its status; when it stops, the
+/// other takes the Lease over once it expires and writes from then on (a spec change's
+/// generation reaches the status).
+#[tokio::test]
+async fn a_second_replica_takes_over_when_the_holder_stops() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let a = Replica::start(&local, "replica-a").await;
+    until(30, "a holds east and it is Ready", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+            && ready_at(&local, "east", 1).await
+    })
+    .await;
+    let b = Replica::start(&local, "replica-b").await;
+    // Both serve the view, whoever holds the Lease.
+    let via_b = b.consumer("east", &token("east")).await;
+    until(30, "b serves east too", async || {
+        service_names(&via_b)
+            .await
+            .is_some_and(|s| s.contains("web"))
+    })
+    .await;
+    assert_eq!(
+        lease_holder(&local, "east").as_deref(),
+        Some("replica-a"),
+        "b never takes a live Lease"
+    );
+
+    a.stop().await;
+    until(20, "b takes the Lease over", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-b")
+    })
+    .await;
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links
+        .patch(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"caps": {"maxServices": 10}}})),
+        )
+        .await
+        .expect("edit");
+    until(30, "b writes east's status at generation 2", async || {
+        ready_at(&local, "east", 2).await
+    })
+    .await;
+    b.stop().await;
+}
+
+/// The writer writes only while the lease loop holds the Lease: another holder taking the
+/// Lease empties the held set at the next renewal, and from then on nothing is written for
+/// that link (checked with a second, still held link whose write comes after).
+#[tokio::test]
+async fn losing_the_lease_stops_writing() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let client = local.client(NS).expect("client");
+    let links: Api<Link> = Api::namespaced(client.clone(), NS);
+    for name in ["east", "west"] {
+        links
+            .create(&PostParams::default(), &mk_link(name))
+            .await
+            .expect("link");
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let (_wanted_tx, wanted) = watch::channel(BTreeSet::from(["east".into(), "west".into()]));
+    let (held_tx, held) = watch::channel(BTreeSet::new());
+    let (_stop, shutdown) = watch::channel(false);
+    tokio::spawn(lease::run(
+        leases.clone(),
+        "replica-a".into(),
+        fast().lease,
+        wanted,
+        held_tx,
+        shutdown,
+    ));
+    until(10, "a holds both", async || held.borrow().len() == 2).await;
+
+    // Someone else holds east now (as after a partition: a's claim looked expired to them).
+    let mut stolen = leases.get(&lease::lease_name("east")).await.expect("lease");
+    let spec = stolen.spec.as_mut().expect("spec");
+    spec.holder_identity = Some("replica-z".into());
+    spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace(&lease::lease_name("east"), &PostParams::default(), &stolen)
+        .await
+        .expect("steal");
+    until(10, "a lets east go", async || {
+        !held.borrow().contains("east")
+    })
+    .await;
+
+    let (tx, rx) = tokio::sync::mpsc::channel(writer::STATUS_QUEUE);
+    tokio::spawn(writer::run(
+        rx,
+        writer::KubeStatusApi(links.clone()),
+        held.clone(),
+        Duration::from_millis(100),
+    ));
+    let quarantined = LinkStatus {
+        phase: Some(Phase::Quarantined),
+        ..LinkStatus::default()
+    };
+    for link in ["east", "west"] {
+        tx.send(writer::StatusUpdate {
+            link: link.into(),
+            observed: None,
+            status: quarantined.clone(),
+        })
+        .await
+        .expect("send");
+    }
+    until(10, "west's status is written", async || {
+        status(&local, "west").await.and_then(|s| s.phase) == Some(Phase::Quarantined)
+    })
+    .await;
+    assert_eq!(
+        status(&local, "east").await,
+        None,
+        "nothing is written for a link whose Lease is lost"
+    );
+}
