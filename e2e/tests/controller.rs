@@ -430,3 +430,130 @@ async fn losing_the_lease_stops_writing() {
         "nothing is written for a link whose Lease is lost"
     );
 }
+
+/// New credentials in a Link's Secret (here: another remote's kubeconfig) swap the upstream,
+/// not the view: a consumer's watch opened before the rotation stays open and receives the
+/// differences (the second remote has `db` instead of `api`), with versions that go on rising.
+#[tokio::test]
+async fn new_credentials_swap_the_upstream_and_keep_the_view() {
+    use futures_util::StreamExt as _;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (first, _c1) = remote(&["web", "api"]).await;
+    let (second, _c2) = remote(&["web", "db"]).await;
+    add_link(&local, "east", &first, mk_link("east")).await;
+    let replica = Replica::start(&local, "replica-a").await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    let services: Api<Service> = Api::all(consumer.clone());
+    until(30, "east serves the first remote", async || {
+        service_names(&consumer).await == Some(["api", "web"].map(String::from).into())
+    })
+    .await;
+    let listed = services.list(&ListParams::default()).await.expect("list");
+    let rv = listed.metadata.resource_version.expect("version");
+    let mut watch = services
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+
+    let secrets: Api<Secret> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let mut creds = secrets.get("east-credentials").await.expect("credentials");
+    creds.data = mk_secret("x", "kubeconfig", &second.kubeconfig()).data;
+    secrets
+        .replace("east-credentials", &PostParams::default(), &creds)
+        .await
+        .expect("rotate");
+
+    let (mut added, mut deleted) = (false, false);
+    let mut last_rv: u64 = rv.parse().expect("numeric version");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !(added && deleted) {
+        let ev = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .expect("the differences within 30 s")
+            .expect("the watch stays open across the swap")
+            .expect("a frame");
+        let (svc, is_add) = match ev {
+            WatchEvent::Added(s) => (s, true),
+            WatchEvent::Deleted(s) => (s, false),
+            WatchEvent::Modified(s) => (s, false),
+            WatchEvent::Bookmark(_) => continue,
+            WatchEvent::Error(e) => panic!("the watch failed: {e:?}"),
+        };
+        let v: u64 = svc
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("a version");
+        assert!(v > last_rv, "versions go on rising: {v} after {last_rv}");
+        last_rv = v;
+        match (svc.metadata.name.as_deref(), is_add) {
+            (Some("db"), true) => added = true,
+            (Some("api"), false) => deleted = true,
+            (name, _) => assert_eq!(name, Some("web"), "only real differences are published"),
+        }
+    }
+    assert_eq!(
+        service_names(&consumer).await,
+        Some(["db", "web"].map(String::from).into())
+    );
+    replica.stop().await;
+}
+
+/// A quarantine recorded in the Link's status (by an earlier holder, before a restart) is
+/// honoured: the controller starts the link quarantined, and the status it writes keeps the
+/// quarantine, its reason and its start, instead of the Healthy the remote alone would give.
+#[tokio::test]
+async fn a_recorded_quarantine_is_honoured_after_a_restart() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let since = "2026-01-01T00:00:00Z";
+    links
+        .patch_status(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {
+                "phase": "Quarantined",
+                "quarantine": {"since": since, "reason": "EventRate",
+                    "message": "4000 events/s for 10 s", "figures": {"eventsPerSecond": 4000}},
+            }})),
+        )
+        .await
+        .expect("recorded quarantine");
+    let replica = Replica::start(&local, "replica-a").await;
+    until(
+        30,
+        "the holder writes a status that keeps the quarantine",
+        async || {
+            status(&local, "east").await.is_some_and(|s| {
+                s.phase == Some(Phase::Quarantined)
+                    && condition(&s, "Quarantined").is_some_and(|c| c.status == "True")
+                    && s.quarantine.is_some()
+            })
+        },
+    )
+    .await;
+    // It stays quarantined while the remote is healthy (nothing releases it but an operator).
+    let written = status(&local, "east").await.expect("status");
+    assert!(
+        written
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1)),
+        "{written:?}"
+    );
+    // Let lease renewals and status ticks pass (ten more writes in the cluster).
+    let rv = local.store.resource_version();
+    until(10, "ten more writes", async || {
+        local.store.resource_version() >= rv + 10
+    })
+    .await;
+    let later = status(&local, "east").await.expect("status");
+    assert_eq!(later.phase, Some(Phase::Quarantined), "{later:?}");
+    replica.stop().await;
+}

@@ -404,6 +404,22 @@ async fn reconcile_all(
         match reconcile::plan(running.get(&name).map(|r| &r.desired), Some(&desired)) {
             Action::Keep => {}
             Action::Stop => stop(&name, running, facade),
+            Action::Reconnect(d) => {
+                if let Some(r) = running.get_mut(&name) {
+                    let connect = connect_from_kubeconfig(
+                        d.kubeconfig.clone(),
+                        d.spec.remote.context.clone(),
+                    );
+                    let handle = r.handle.clone();
+                    r.desired = d;
+                    tracing::info!(link = %name, "new credentials: reconnecting the upstream");
+                    tokio::spawn(async move {
+                        if let Err(e) = handle.reconnect(connect).await {
+                            tracing::warn!(error = %e, "cannot reconnect the link");
+                        }
+                    });
+                }
+            }
             Action::Start(d) | Action::Restart(d) => {
                 stop(&name, running, facade);
                 start(d, link, running, facade, shutdown);
