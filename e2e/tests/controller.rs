@@ -557,3 +557,99 @@ async fn a_recorded_quarantine_is_honoured_after_a_restart() {
     assert_eq!(later.phase, Some(Phase::Quarantined), "{later:?}");
     replica.stop().await;
 }
+
+/// A replica that does not hold the Lease follows the holder's decisions as the status records
+/// them: quarantined while `status.quarantine` is set (the remote's new service does not reach
+/// its view), released when the holder clears it (the view converges). The holder is played by
+/// the test: it holds the Lease and writes the status.
+#[tokio::test]
+async fn a_replica_without_the_lease_follows_the_recorded_quarantine() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, mut cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let client = local.client(NS).expect("client");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let mut lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(lease::lease_name("east")),
+            ..ObjectMeta::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("the-holder".into()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    lease = leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("lease");
+    let b = Replica::start(&local, "replica-b").await;
+    let consumer = b.consumer("east", &token("east")).await;
+    until(30, "b serves east", async || {
+        service_names(&consumer).await == Some(["web"].map(String::from).into())
+    })
+    .await;
+
+    let links: Api<Link> = Api::namespaced(client.clone(), NS);
+    let record = |q: serde_json::Value| {
+        let links = links.clone();
+        async move {
+            links
+                .patch_status(
+                    "east",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"status": {"quarantine": q}})),
+                )
+                .await
+                .expect("status")
+        }
+    };
+    record(
+        serde_json::json!({"since": "2026-01-01T00:00:00Z", "reason": "EventRate",
+        "message": "flood", "figures": {}}),
+    )
+    .await;
+    // Status ticks pass (b reads the record and quarantines its link).
+    let n = local.store.requests();
+    until(
+        10,
+        "b's loops go round (twenty more requests)",
+        async || local.store.requests() >= n + 20,
+    )
+    .await;
+    cluster.add_service("api", true);
+    cluster.scale("api", 1, true);
+    let n = local.store.requests();
+    until(
+        10,
+        "b's loops go round (twenty more requests)",
+        async || local.store.requests() >= n + 20,
+    )
+    .await;
+    assert_eq!(
+        service_names(&consumer).await,
+        Some(["web"].map(String::from).into()),
+        "a quarantined view is frozen"
+    );
+    assert_eq!(
+        lease_holder(&local, "east").as_deref(),
+        Some("the-holder"),
+        "b never took the Lease"
+    );
+    assert!(
+        status(&local, "east")
+            .await
+            .is_some_and(|s| s.conditions.is_empty()),
+        "b writes no status"
+    );
+
+    record(serde_json::Value::Null).await;
+    until(30, "b follows the release and converges", async || {
+        service_names(&consumer).await == Some(["api", "web"].map(String::from).into())
+    })
+    .await;
+    drop(lease);
+    b.stop().await;
+}

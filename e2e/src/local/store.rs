@@ -76,6 +76,7 @@ pub enum PatchKind {
 #[derive(Debug)]
 pub struct LocalStore {
     inner: Mutex<Inner>,
+    requests: std::sync::atomic::AtomicU64,
     frames: broadcast::Sender<Arc<Frame>>,
     history: usize,
 }
@@ -114,6 +115,7 @@ impl LocalStore {
     pub fn new(history: usize) -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
+            requests: std::sync::atomic::AtomicU64::new(0),
             frames: broadcast::channel(FANOUT).0,
             history: history.max(1),
         }
@@ -121,6 +123,17 @@ impl LocalStore {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a request served.
+    pub fn count_request(&self) {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Requests served so far (tests wait for a client's loops to go round).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The current resource version.
