@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cluster;
 pub mod drivers;
 pub mod gateway;
 pub mod local;
