@@ -8,10 +8,12 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cluster;
 pub mod drivers;
 pub mod flood;
 pub mod gateway;
 pub mod herd;
+pub mod local;
 pub mod process;
 pub mod procs;
 pub mod sim;

@@ -106,10 +106,53 @@ fn connect_from_kubeconfig(yaml: String, context: Option<String>) -> Connect {
     })
 }
 
-/// Runs the controller until `shutdown`.
+/// The controller's clocks; tests shorten them.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Lease duration and renewal.
+    pub lease: lease::LeaseTiming,
+    /// Every Link is reconciled (its Secrets re-read) at least this often.
+    pub resync: Duration,
+    /// Statuses are computed this often.
+    pub status_tick: Duration,
+    /// At most one status write per link per this long, transitions excepted.
+    pub status_interval: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            lease: lease::LeaseTiming::default(),
+            resync: RESYNC,
+            status_tick: STATUS_TICK,
+            status_interval: STATUS_INTERVAL,
+        }
+    }
+}
+
+/// Runs the controller until `shutdown`, on the addresses of `args`.
 pub async fn run(
     client: kube::Client,
     args: ControllerArgs,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let facade = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding the facade to {}", args.listen))?;
+    let admin = TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener to {}", args.admin_listen))?;
+    serve(client, args, facade, admin, Timing::default(), shutdown).await
+}
+
+/// Runs the controller until `shutdown` on listeners bound by the caller (tests bind
+/// `127.0.0.1:0`); `args.listen` and `args.admin_listen` are not used.
+pub async fn serve(
+    client: kube::Client,
+    args: ControllerArgs,
+    facade: TcpListener,
+    admin: TcpListener,
+    timing: Timing,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let ns = args.namespace.clone();
@@ -131,9 +174,6 @@ pub async fn run(
     )?
     .context("the facade needs TLS")?;
     let facade_links: Arc<Links<LinkStore>> = Arc::new(Links::new(HashMap::new()));
-    let facade = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding the facade to {}", args.listen))?;
     let router = kubeapi::links_router(facade_links.clone());
     let config = crate::tls::server_config(&tls)?;
     let stop = wait_for(shutdown.clone());
@@ -143,9 +183,6 @@ pub async fn run(
         }
     });
     let (listed_tx, listed) = watch::channel(false);
-    let admin = TcpListener::bind(args.admin_listen)
-        .await
-        .with_context(|| format!("binding the admin listener to {}", args.admin_listen))?;
     let admin_router = health_router(listed, shutdown.clone());
     let stop = wait_for(shutdown.clone());
     tokio::spawn(async move {
@@ -159,17 +196,19 @@ pub async fn run(
     tokio::spawn(lease::run(
         leases,
         args.identity.clone(),
-        lease::LeaseTiming::default(),
+        timing.lease,
         wanted,
         held_tx,
         shutdown.clone(),
     ));
     let (status_tx, status_rx) = mpsc::channel(writer::STATUS_QUEUE);
-    tokio::spawn(writer::run(
+    let (phase_tx, mut phase_rx) = mpsc::channel(writer::PHASE_CHANGES);
+    tokio::spawn(writer::run_reporting(
         status_rx,
         writer::KubeStatusApi(links_api.clone()),
         held.clone(),
-        STATUS_INTERVAL,
+        timing.status_interval,
+        Some(phase_tx),
     ));
 
     let (reader, store_writer) = reflector::store::<Link>();
@@ -179,9 +218,8 @@ pub async fn run(
         .boxed();
     let mut running: HashMap<String, Running> = HashMap::new();
     let mut blocked: HashMap<String, Blocked> = HashMap::new();
-    let mut phases: HashMap<String, Phase> = HashMap::new();
-    let mut resync = tokio::time::interval(RESYNC);
-    let mut status_tick = tokio::time::interval(STATUS_TICK);
+    let mut resync = tokio::time::interval(timing.resync);
+    let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
     // Link changes (our own status writes among them) mark the links dirty; they are
     // reconciled at the next status tick, so a burst of changes costs one pass of Secret reads.
@@ -194,6 +232,18 @@ pub async fn run(
                     Some(Ok(_)) => dirty = true,
                     Some(Err(e)) => tracing::warn!(error = %e, "watching Links"),
                     None => break,
+                }
+                continue;
+            }
+            Some(change) = phase_rx.recv() => {
+                // The holder wrote a new phase: record it as an Event on the Link.
+                let key = reflector::ObjectRef::new(&change.link).within(&ns);
+                if let Some(link) = reader.get(&key) {
+                    let note = running
+                        .get(&change.link)
+                        .map(|r| r.handle.state.borrow().message.clone())
+                        .or_else(|| blocked.get(&change.link).map(|b| b.message.clone()));
+                    record_phase(&recorder, &link, &change, note);
                 }
                 continue;
             }
@@ -233,29 +283,6 @@ pub async fn run(
             };
             let next = status::next_status(link.status.as_ref(), &obs, &now);
             let holder = held_now.contains(&name);
-            if let Some(phase) = next.phase {
-                let before = phases.insert(name.clone(), phase);
-                if holder && before.is_some_and(|b| b != phase) {
-                    let ev = Event {
-                        type_: if phase == Phase::Healthy {
-                            EventType::Normal
-                        } else {
-                            EventType::Warning
-                        },
-                        reason: phase.as_str().to_owned(),
-                        note: state.as_ref().map(|s| s.message.clone()),
-                        action: "PhaseChange".into(),
-                        secondary: None,
-                    };
-                    let reference = link.object_ref(&());
-                    let recorder = recorder.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = recorder.publish(&ev, &reference).await {
-                            tracing::warn!(error = %e, "cannot record an Event");
-                        }
-                    });
-                }
-            }
             if let (Some(r), Some(state)) = (run, &state) {
                 follow_quarantine(&link, r, state, holder);
             }
@@ -271,6 +298,33 @@ pub async fn run(
         let _ = r.stop.send(true);
     }
     Ok(())
+}
+
+/// Records a phase change as an Event on the Link (off the loop: the API call may be slow).
+fn record_phase(
+    recorder: &Recorder,
+    link: &Link,
+    change: &writer::PhaseChange,
+    note: Option<String>,
+) {
+    let ev = Event {
+        type_: if change.to == Phase::Healthy {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        reason: change.to.as_str().to_owned(),
+        note: note.filter(|n| !n.is_empty()),
+        action: "PhaseChange".into(),
+        secondary: None,
+    };
+    let reference = link.object_ref(&());
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %e, "cannot record an Event");
+        }
+    });
 }
 
 /// Non-holders follow the quarantine the holder recorded in status: quarantine when it says
@@ -350,6 +404,22 @@ async fn reconcile_all(
         match reconcile::plan(running.get(&name).map(|r| &r.desired), Some(&desired)) {
             Action::Keep => {}
             Action::Stop => stop(&name, running, facade),
+            Action::Reconnect(d) => {
+                if let Some(r) = running.get_mut(&name) {
+                    let connect = connect_from_kubeconfig(
+                        d.kubeconfig.clone(),
+                        d.spec.remote.context.clone(),
+                    );
+                    let handle = r.handle.clone();
+                    r.desired = d;
+                    tracing::info!(link = %name, "new credentials: reconnecting the upstream");
+                    tokio::spawn(async move {
+                        if let Err(e) = handle.reconnect(connect).await {
+                            tracing::warn!(error = %e, "cannot reconnect the link");
+                        }
+                    });
+                }
+            }
             Action::Start(d) | Action::Restart(d) => {
                 stop(&name, running, facade);
                 start(d, link, running, facade, shutdown);

@@ -87,6 +87,19 @@ pub enum Command {
     Release(oneshot::Sender<Result<Transition, RequestError>>),
     /// Quarantine the link, with a message.
     Quarantine(String, oneshot::Sender<Result<Transition, RequestError>>),
+    /// Reach the remote this new way (rotated credentials): the upstream reconnects and
+    /// relists while the view, its versions and its watches carry on.
+    Reconnect(Reconnect),
+}
+
+/// New credentials for a link: how to reach its remote from now on.
+pub struct Reconnect(pub Connect);
+
+impl std::fmt::Debug for Reconnect {
+    // A connect function holds credentials: nothing of it is printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reconnect(..)")
+    }
 }
 
 /// A running link.
@@ -129,6 +142,16 @@ impl LinkHandle {
         rx.await
             .map_err(|_| LinkError::Stopped)?
             .map_err(LinkError::Refused)
+    }
+
+    /// Swaps how the link reaches its remote (new credentials): the upstream watchers stop,
+    /// the link connects again and relists, and only real differences reach the view, whose
+    /// consumers keep their watches and versions.
+    pub async fn reconnect(&self, connect: Connect) -> Result<(), LinkError> {
+        self.commands
+            .send(Command::Reconnect(Reconnect(connect)))
+            .await
+            .map_err(|_| LinkError::Stopped)
     }
 
     /// True when the link's task has ended (it only ends on shutdown).

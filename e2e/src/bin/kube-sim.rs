@@ -5,6 +5,10 @@
 //! listens, and runs a scenario: `calm` (three exported services, a pod rolled every few
 //! seconds), `flood` (calm, plus an exported Deployment of `--pods` crash-looping pods) or
 //! `flood-hidden` (the same flood behind a service that is not exported).
+//!
+//! With `--local-cluster FILE` it also plays the local cluster of `floodgate controller`
+//! (Links, Secrets, Leases, Events: [`floodgate_e2e::local`]) on a second loopback port, plain
+//! HTTP, and writes a kubeconfig for it (namespace `floodgate`) to FILE.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +40,10 @@ struct Args {
     /// EndpointSlices of the `slices` scenario.
     #[arg(long, default_value_t = 10_000)]
     slices: usize,
+    /// Also serve a local cluster (Links, Secrets, Leases, Events) for `floodgate controller`
+    /// on another loopback port, and write its kubeconfig here.
+    #[arg(long, env = "KUBE_SIM_LOCAL_CLUSTER")]
+    local_cluster: Option<std::path::PathBuf>,
     /// Serve plain HTTP instead of TLS (client-go then sends no token: only for curl and kube-rs).
     #[arg(long)]
     insecure_http: bool,
@@ -93,6 +101,22 @@ async fn main() -> anyhow::Result<()> {
         "kube-sim listening on {url}; kubeconfig written to {}",
         args.kubeconfig.display()
     );
+
+    // Kept alive until the process ends.
+    let _local = match &args.local_cluster {
+        Some(path) => {
+            let listener = TcpListener::bind((addr.ip(), 0)).await?;
+            let local = floodgate_e2e::local::RunningLocal::serve(listener, Default::default());
+            std::fs::write(path, local.kubeconfig("floodgate"))?;
+            eprintln!(
+                "local cluster listening on {}; kubeconfig written to {}",
+                local.url(),
+                path.display()
+            );
+            Some(local)
+        }
+        None => None,
+    };
 
     let mut cluster = Cluster::new(store, "prod");
     if let Scenario::Slices = args.scenario {

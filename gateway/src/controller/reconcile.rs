@@ -37,7 +37,12 @@ impl DesiredLink {
     /// True when `other` runs the same way: same spec, remote credentials and token. A change
     /// of generation alone (a label, say) needs no restart.
     pub fn same_run(&self, other: &Self) -> bool {
-        self.spec == other.spec && self.kubeconfig == other.kubeconfig && self.token == other.token
+        self.same_view(other) && self.kubeconfig == other.kubeconfig
+    }
+
+    /// True when `other` serves the same view (same spec and token), whatever its credentials.
+    pub fn same_view(&self, other: &Self) -> bool {
+        self.spec == other.spec && self.token == other.token
     }
 }
 
@@ -143,8 +148,10 @@ fn secret_value(secret: &Secret, key: &str) -> Option<String> {
 pub enum Action {
     /// Start it.
     Start(DesiredLink),
-    /// Stop the running one and start this one (its spec or credentials changed).
+    /// Stop the running one and start this one (its spec or token changed).
     Restart(DesiredLink),
+    /// Keep the running link and its view; reconnect its upstream with these credentials.
+    Reconnect(DesiredLink),
     /// Stop it (the Link is gone).
     Stop,
     /// Leave it as it is (unchanged; or blocked, which keeps the last good run serving).
@@ -163,6 +170,7 @@ pub fn plan(
         (None, None) | (_, Some(Err(_))) => Action::Keep,
         (None, Some(Ok(d))) => Action::Start(d.clone()),
         (Some(r), Some(Ok(d))) if r.same_run(d) => Action::Keep,
+        (Some(r), Some(Ok(d))) if r.same_view(d) => Action::Reconnect(d.clone()),
         (Some(_), Some(Ok(d))) => Action::Restart(d.clone()),
     }
 }
@@ -304,7 +312,7 @@ mod tests {
         relabelled.generation = Some(2);
         assert_eq!(plan(Some(&run), Some(&Ok(relabelled))), Action::Keep);
 
-        // New credentials or a new spec restart the link.
+        // New credentials reconnect the running link; a new spec restarts it.
         let rotated = desired(
             &link,
             Some(&mk_secret(
@@ -316,7 +324,7 @@ mod tests {
         );
         assert!(matches!(
             plan(Some(&run), Some(&rotated)),
-            Action::Restart(_)
+            Action::Reconnect(_)
         ));
         let mut edited = link.clone();
         edited.spec.caps.max_endpoints_per_service = 10;

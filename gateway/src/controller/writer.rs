@@ -6,11 +6,13 @@
 //! - Patches are merge diffs against what was last written (or, first, what the cluster has).
 //! - Transitions (phase, conditions, quarantine) are written at once; counter changes wait
 //!   for the link's next slot, one write per `interval`.
+//! - Each write that changes the recorded phase is reported ([`PhaseChange`]), so Events follow
+//!   exactly the transitions the status records, written by the holder.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use floodgate_link_crd::LinkStatus;
+use floodgate_link_crd::{LinkStatus, Phase};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
@@ -60,6 +62,21 @@ impl StatusApi for KubeStatusApi {
     }
 }
 
+/// A status write that changed the link's recorded phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseChange {
+    /// The link.
+    pub link: String,
+    /// The phase recorded before (`None`: no status yet).
+    pub from: Option<Phase>,
+    /// The phase now recorded.
+    pub to: Phase,
+}
+
+/// Phase changes waiting for the controller to record Events: phases change a few times a
+/// minute at most; when the queue is full the Event is dropped (the status still says it).
+pub const PHASE_CHANGES: usize = 64;
+
 #[derive(Debug)]
 struct Pending {
     observed: Option<LinkStatus>,
@@ -68,10 +85,21 @@ struct Pending {
 
 /// Runs the writer until `updates` closes.
 pub async fn run(
+    updates: mpsc::Receiver<StatusUpdate>,
+    api: impl StatusApi,
+    held: watch::Receiver<BTreeSet<String>>,
+    interval: Duration,
+) {
+    run_reporting(updates, api, held, interval, None).await;
+}
+
+/// [`run`], reporting each write that changes a link's recorded phase on `changes`.
+pub async fn run_reporting(
     mut updates: mpsc::Receiver<StatusUpdate>,
     api: impl StatusApi,
     held: watch::Receiver<BTreeSet<String>>,
     interval: Duration,
+    changes: Option<mpsc::Sender<PhaseChange>>,
 ) {
     let mut pending: HashMap<String, Pending> = HashMap::new();
     let mut written: HashMap<String, (LinkStatus, Instant)> = HashMap::new();
@@ -118,8 +146,18 @@ pub async fn run(
             if !held.borrow().contains(&link) {
                 continue;
             }
+            let from = base.and_then(|b| b.phase);
             match api.patch(&link, patch).await {
                 Ok(()) => {
+                    if let (Some(tx), Some(to)) = (&changes, p.status.phase)
+                        && from != Some(to)
+                    {
+                        let _ = tx.try_send(PhaseChange {
+                            link: link.clone(),
+                            from,
+                            to,
+                        });
+                    }
                     if let Some(p) = pending.remove(&link) {
                         written.insert(link, (p.status, now));
                     }

@@ -4,7 +4,9 @@
 //!
 //! A link restored quarantined from disk serves its saved view at once, before the remote
 //! answers (which it may never do while the flood lasts), and starts its watchers only when
-//! released. Operators' requests are answered while the link is still connecting.
+//! released. Operators' requests are answered while the link is still connecting. New
+//! credentials ([`Command::Reconnect`]) replace the connection, not the view: the new upstream's
+//! first lists are relists to the engine.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,6 +96,20 @@ pub(super) async fn run(
                 let (result, reply) = match cmd {
                     Command::Release(reply) => (engine.release(), reply),
                     Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
+                    Command::Reconnect(super::Reconnect(c)) => {
+                        // Messages of the old upstream are told apart by their generation.
+                        tracing::info!("new credentials: reconnecting; the view keeps serving");
+                        upstream = None;
+                        fetches.abort_all();
+                        remote = None;
+                        generation += 1;
+                        connecting.set(connect_with_backoff(
+                            c,
+                            spec.select.services.clone(),
+                            &out,
+                        ));
+                        continue;
+                    }
                 };
                 // The transition's effects are carried out below with the engine's others.
                 let _ = reply.send(result);

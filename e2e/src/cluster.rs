@@ -1,0 +1,228 @@
+//! The controller in-process for tests: replicas of `floodgate controller` against a
+//! [`crate::local`] cluster, kube-sim remotes behind their Links, and the helpers the
+//! controller scenarios (`tests/controller*.rs`) share.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::controller::lease::{self, LeaseTiming};
+use floodgate::controller::{ControllerArgs, Timing};
+use floodgate_link_crd::{Link, LinkSpec, LinkStatus, RemoteSpec, SecretKeyRef};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::drivers::Cluster;
+use crate::gateway::client_from;
+use crate::local::RunningLocal;
+use crate::sim::SimStore;
+use crate::{RunningSim, until};
+
+/// The namespace of the Links.
+pub const NS: &str = "floodgate";
+
+/// Timings for tests: 2 s leases renewed every 200 ms, fast ticks.
+pub fn fast() -> Timing {
+    Timing {
+        lease: LeaseTiming {
+            duration: Duration::from_secs(2),
+            renew: Duration::from_millis(200),
+        },
+        resync: Duration::from_millis(500),
+        status_tick: Duration::from_millis(100),
+        status_interval: Duration::from_millis(500),
+    }
+}
+
+/// One controller replica, in-process.
+#[derive(Debug)]
+pub struct Replica {
+    /// The facade's address.
+    pub facade: SocketAddr,
+    state: tempfile::TempDir,
+    stop: watch::Sender<bool>,
+    /// The controller's task.
+    pub task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    /// Starts a replica named `identity` against `local`, on `127.0.0.1:0`.
+    pub async fn start(local: &RunningLocal, identity: &str) -> Self {
+        let facade = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = facade.local_addr().expect("addr");
+        let state = tempfile::tempdir().expect("tempdir");
+        let args = ControllerArgs {
+            namespace: NS.into(),
+            listen: addr,
+            admin_listen: admin.local_addr().expect("addr"),
+            state_dir: state.path().to_owned(),
+            tls_hosts: vec![],
+            identity: identity.into(),
+        };
+        let (stop, shutdown) = watch::channel(false);
+        let client = local.client(NS).expect("client");
+        let task = tokio::spawn(floodgate::controller::serve(
+            client,
+            args,
+            facade,
+            admin,
+            fast(),
+            shutdown,
+        ));
+        Self {
+            facade: addr,
+            state,
+            stop,
+            task,
+        }
+    }
+
+    /// A consumer of link `name` through this replica's facade.
+    pub async fn consumer(&self, name: &str, token: &str) -> kube::Client {
+        let ca_path: PathBuf = self.state.path().join("tls/ca.crt");
+        until(10, "the facade's CA is written", async || ca_path.exists()).await;
+        let ca = std::fs::read_to_string(&ca_path).expect("CA");
+        let url = format!("https://{}/links/{name}", self.facade);
+        let yaml = crate::sim::kubeconfig(&url, token, Some(&ca), name);
+        client_from(&yaml).await.expect("consumer client")
+    }
+
+    /// Stops it and waits for it to end.
+    pub async fn stop(self) {
+        self.stop.send(true).expect("stop");
+        let ended = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        assert!(ended.is_ok(), "the replica stops within 10 s");
+    }
+}
+
+/// A remote with exported services `names`, two ready pods each.
+pub async fn remote(names: &[&str]) -> (RunningSim, Cluster) {
+    let store = Arc::new(SimStore::new(7, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for n in names {
+        cluster.add_service(n, true);
+        cluster.scale(n, 2, true);
+    }
+    let sim = RunningSim::start(store, "remote-token").await.expect("sim");
+    (sim, cluster)
+}
+
+/// A Secret with one key.
+pub fn mk_secret(name: &str, key: &str, value: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            key.to_owned(),
+            ByteString(value.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// A Link whose credentials are in Secret `<name>-credentials`.
+pub fn mk_link(name: &str) -> Link {
+    Link::new(
+        name,
+        LinkSpec::with_remote(RemoteSpec {
+            kubeconfig_secret: Some(SecretKeyRef {
+                name: format!("{name}-credentials"),
+                key: "kubeconfig".into(),
+            }),
+            ..RemoteSpec::default()
+        }),
+    )
+}
+
+/// Creates link `name`'s Secrets (remote credentials, consumers' token) and the Link.
+pub async fn add_link(local: &RunningLocal, name: &str, sim: &RunningSim, link: Link) {
+    let client = local.client(NS).expect("client");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let pp = PostParams::default();
+    secrets
+        .create(
+            &pp,
+            &mk_secret(
+                &format!("{name}-credentials"),
+                "kubeconfig",
+                &sim.kubeconfig(),
+            ),
+        )
+        .await
+        .expect("credentials");
+    secrets
+        .create(
+            &pp,
+            &mk_secret(&format!("floodgate-token-{name}"), "token", &token(name)),
+        )
+        .await
+        .expect("token");
+    let links: Api<Link> = Api::namespaced(client, NS);
+    links.create(&pp, &link).await.expect("link");
+}
+
+/// The consumers' token of link `name`.
+pub fn token(name: &str) -> String {
+    format!("{name}-consumer-token")
+}
+
+/// The Link's status as the cluster has it.
+pub async fn status(local: &RunningLocal, name: &str) -> Option<LinkStatus> {
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.status)
+}
+
+/// A condition of a status.
+pub fn condition<'a>(
+    s: &'a LinkStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    s.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// True when `name`'s status is Ready for generation `generation`.
+pub async fn ready_at(local: &RunningLocal, name: &str, generation: i64) -> bool {
+    status(local, name).await.is_some_and(|s| {
+        s.observed_generation == Some(generation)
+            && condition(&s, "Ready")
+                .is_some_and(|c| c.status == "True" && c.observed_generation == Some(generation))
+    })
+}
+
+/// The services a client lists (`None`: the list failed).
+pub async fn service_names(c: &kube::Client) -> Option<BTreeSet<String>> {
+    let api: Api<Service> = Api::all(c.clone());
+    let list = api.list(&ListParams::default()).await.ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect(),
+    )
+}
+
+/// Who holds link `link`'s Lease.
+pub fn lease_holder(local: &RunningLocal, link: &str) -> Option<String> {
+    local
+        .store
+        .objects("leases")
+        .into_iter()
+        .find(|l| l["metadata"]["name"] == lease::lease_name(link).as_str())
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+}

@@ -1,0 +1,308 @@
+//! `floodgate controller` in-process against kube-sim's local cluster (Links, Secrets, Leases,
+//! Events), with kube-sim remotes behind the Links: Links created, updated and deleted; an
+//! invalid Link beside a good one; status and Events on transitions; two replicas sharing a
+//! Lease; losing the Lease stops the writer; new credentials keep the view.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use floodgate::controller::lease;
+use floodgate::controller::writer;
+use floodgate_e2e::cluster::*;
+use floodgate_e2e::local::RunningLocal;
+use floodgate_e2e::until;
+use floodgate_link_crd::{Link, LinkStatus, Phase};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use tokio::sync::watch;
+
+/// A good Link and an invalid one: the good one serves its remote's exported services through
+/// the facade and reports Ready with observedGeneration; the invalid one gets SpecValid=False
+/// with the reason and no run, and the good one is untouched. A spec change bumps the
+/// generation and the status follows it; a phase transition is recorded as an Event; deleting
+/// the Link stops it and its facade route goes away.
+#[tokio::test]
+async fn links_are_created_updated_and_deleted() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web", "api"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let mut bad = mk_link("bad");
+    bad.spec.coalesce.quiet = "5s".parse().expect("duration");
+    add_link(&local, "bad", &sim, bad).await;
+    let replica = Replica::start(&local, "replica-a").await;
+
+    until(30, "east is Ready at generation 1", async || {
+        ready_at(&local, "east", 1).await
+    })
+    .await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    let want: BTreeSet<String> = ["api", "web"].map(String::from).into();
+    until(10, "east's services through the facade", async || {
+        service_names(&consumer).await.as_ref() == Some(&want)
+    })
+    .await;
+    until(10, "bad says why it does not run", async || {
+        status(&local, "bad").await.is_some_and(|s| {
+            condition(&s, "SpecValid").is_some_and(|c| {
+                c.status == "False"
+                    && c.reason == "InvalidSpec"
+                    && c.message.contains("spec.coalesce.quiet")
+                    && c.observed_generation == Some(1)
+            }) && condition(&s, "Ready").is_some_and(|c| c.status == "False")
+        })
+    })
+    .await;
+    let bad_consumer = replica.consumer("bad", &token("bad")).await;
+    assert_eq!(
+        service_names(&bad_consumer).await,
+        None,
+        "an invalid Link serves nothing"
+    );
+    // The transition to Healthy was recorded by the holder.
+    until(10, "an Event for east's phase change", async || {
+        local.store.objects("events").iter().any(|e| {
+            e["regarding"]["name"] == "east"
+                && e["reason"] == "Healthy"
+                && e["reportingInstance"] == "replica-a"
+        })
+    })
+    .await;
+
+    // A spec change: the generation moves and the status follows it.
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let edited = links
+        .patch(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"caps": {"maxEndpointsPerService": 1}}})),
+        )
+        .await
+        .expect("edit");
+    assert_eq!(edited.metadata.generation, Some(2));
+    until(30, "east is Ready at generation 2", async || {
+        ready_at(&local, "east", 2).await
+    })
+    .await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    until(10, "east serves again after the restart", async || {
+        service_names(&consumer).await.as_ref() == Some(&want)
+    })
+    .await;
+    assert!(
+        status(&local, "bad")
+            .await
+            .is_some_and(|s| s.observed_generation == Some(1)),
+        "bad's status is untouched"
+    );
+
+    links
+        .delete("east", &DeleteParams::default())
+        .await
+        .expect("delete");
+    until(10, "east's facade route is gone", async || {
+        let api: Api<Service> = Api::all(consumer.clone());
+        matches!(api.list(&ListParams::default()).await, Err(kube::Error::Api(e)) if e.code == 404)
+    })
+    .await;
+    assert!(!replica.task.is_finished(), "the controller runs on");
+    replica.stop().await;
+}
+
+/// Two replicas: exactly one holds the link's Lease and writes its status; when it stops, the
+/// other takes the Lease over once it expires and writes from then on (a spec change's
+/// generation reaches the status).
+#[tokio::test]
+async fn a_second_replica_takes_over_when_the_holder_stops() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let a = Replica::start(&local, "replica-a").await;
+    until(30, "a holds east and it is Ready", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+            && ready_at(&local, "east", 1).await
+    })
+    .await;
+    let b = Replica::start(&local, "replica-b").await;
+    // Both serve the view, whoever holds the Lease.
+    let via_b = b.consumer("east", &token("east")).await;
+    until(30, "b serves east too", async || {
+        service_names(&via_b)
+            .await
+            .is_some_and(|s| s.contains("web"))
+    })
+    .await;
+    assert_eq!(
+        lease_holder(&local, "east").as_deref(),
+        Some("replica-a"),
+        "b never takes a live Lease"
+    );
+
+    a.stop().await;
+    until(20, "b takes the Lease over", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-b")
+    })
+    .await;
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links
+        .patch(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"caps": {"maxServices": 10}}})),
+        )
+        .await
+        .expect("edit");
+    until(30, "b writes east's status at generation 2", async || {
+        ready_at(&local, "east", 2).await
+    })
+    .await;
+    b.stop().await;
+}
+
+/// The writer writes only while the lease loop holds the Lease: another holder taking the
+/// Lease empties the held set at the next renewal, and from then on nothing is written for
+/// that link (checked with a second, still held link whose write comes after).
+#[tokio::test]
+async fn losing_the_lease_stops_writing() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let client = local.client(NS).expect("client");
+    let links: Api<Link> = Api::namespaced(client.clone(), NS);
+    for name in ["east", "west"] {
+        links
+            .create(&PostParams::default(), &mk_link(name))
+            .await
+            .expect("link");
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let (_wanted_tx, wanted) = watch::channel(BTreeSet::from(["east".into(), "west".into()]));
+    let (held_tx, held) = watch::channel(BTreeSet::new());
+    let (_stop, shutdown) = watch::channel(false);
+    tokio::spawn(lease::run(
+        leases.clone(),
+        "replica-a".into(),
+        fast().lease,
+        wanted,
+        held_tx,
+        shutdown,
+    ));
+    until(10, "a holds both", async || held.borrow().len() == 2).await;
+
+    // Someone else holds east now (as after a partition: a's claim looked expired to them).
+    let mut stolen = leases.get(&lease::lease_name("east")).await.expect("lease");
+    let spec = stolen.spec.as_mut().expect("spec");
+    spec.holder_identity = Some("replica-z".into());
+    spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace(&lease::lease_name("east"), &PostParams::default(), &stolen)
+        .await
+        .expect("steal");
+    until(10, "a lets east go", async || {
+        !held.borrow().contains("east")
+    })
+    .await;
+
+    let (tx, rx) = tokio::sync::mpsc::channel(writer::STATUS_QUEUE);
+    tokio::spawn(writer::run(
+        rx,
+        writer::KubeStatusApi(links.clone()),
+        held.clone(),
+        Duration::from_millis(100),
+    ));
+    let quarantined = LinkStatus {
+        phase: Some(Phase::Quarantined),
+        ..LinkStatus::default()
+    };
+    for link in ["east", "west"] {
+        tx.send(writer::StatusUpdate {
+            link: link.into(),
+            observed: None,
+            status: quarantined.clone(),
+        })
+        .await
+        .expect("send");
+    }
+    until(10, "west's status is written", async || {
+        status(&local, "west").await.and_then(|s| s.phase) == Some(Phase::Quarantined)
+    })
+    .await;
+    assert_eq!(
+        status(&local, "east").await,
+        None,
+        "nothing is written for a link whose Lease is lost"
+    );
+}
+
+/// New credentials in a Link's Secret (here: another remote's kubeconfig) swap the upstream,
+/// not the view: a consumer's watch opened before the rotation stays open and receives the
+/// differences (the second remote has `db` instead of `api`), with versions that go on rising.
+#[tokio::test]
+async fn new_credentials_swap_the_upstream_and_keep_the_view() {
+    use futures_util::StreamExt as _;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (first, _c1) = remote(&["web", "api"]).await;
+    let (second, _c2) = remote(&["web", "db"]).await;
+    add_link(&local, "east", &first, mk_link("east")).await;
+    let replica = Replica::start(&local, "replica-a").await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    let services: Api<Service> = Api::all(consumer.clone());
+    until(30, "east serves the first remote", async || {
+        service_names(&consumer).await == Some(["api", "web"].map(String::from).into())
+    })
+    .await;
+    let listed = services.list(&ListParams::default()).await.expect("list");
+    let rv = listed.metadata.resource_version.expect("version");
+    let mut watch = services
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+
+    let secrets: Api<Secret> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let mut creds = secrets.get("east-credentials").await.expect("credentials");
+    creds.data = mk_secret("x", "kubeconfig", &second.kubeconfig()).data;
+    secrets
+        .replace("east-credentials", &PostParams::default(), &creds)
+        .await
+        .expect("rotate");
+
+    let (mut added, mut deleted) = (false, false);
+    let mut last_rv: u64 = rv.parse().expect("numeric version");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !(added && deleted) {
+        let ev = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .expect("the differences within 30 s")
+            .expect("the watch stays open across the swap")
+            .expect("a frame");
+        let (svc, is_add) = match ev {
+            WatchEvent::Added(s) => (s, true),
+            WatchEvent::Deleted(s) => (s, false),
+            WatchEvent::Modified(s) => (s, false),
+            WatchEvent::Bookmark(_) => continue,
+            WatchEvent::Error(e) => panic!("the watch failed: {e:?}"),
+        };
+        let v: u64 = svc
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("a version");
+        assert!(v > last_rv, "versions go on rising: {v} after {last_rv}");
+        last_rv = v;
+        match (svc.metadata.name.as_deref(), is_add) {
+            (Some("db"), true) => added = true,
+            (Some("api"), false) => deleted = true,
+            (name, _) => assert_eq!(name, Some("web"), "only real differences are published"),
+        }
+    }
+    assert_eq!(
+        service_names(&consumer).await,
+        Some(["db", "web"].map(String::from).into())
+    );
+    replica.stop().await;
+}
