@@ -3,7 +3,7 @@
 //! that no well-behaved client would send.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,24 +12,12 @@ use tokio::net::TcpStream;
 /// The `floodgate` binary cargo built beside the running test (`cargo build -p floodgate`,
 /// which `make test` does first).
 pub fn floodgate_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/..");
-    let bin = dir.join("floodgate");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p floodgate` (make test does)",
-        bin.display()
-    );
-    bin
+    crate::procs::sibling_bin("floodgate").expect("the floodgate binary")
 }
 
 /// A loopback address nothing listens on right now.
 pub fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address")
+    crate::procs::free_addr().expect("a free port")
 }
 
 /// A field of `/proc/<pid>/status` in KiB (`VmHWM`: peak resident memory; `VmRSS`: now).

@@ -37,14 +37,11 @@ pub fn sibling_bin(name: &str) -> anyhow::Result<PathBuf> {
 
 /// Resident and peak resident memory of a process, in KiB (`VmRSS`, `VmHWM`).
 pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
+    use crate::process::proc_status_kib;
+    Some((
+        proc_status_kib(pid, "VmRSS")?,
+        proc_status_kib(pid, "VmHWM")?,
+    ))
 }
 
 /// A free loopback port (bound and released; good enough on a test machine).

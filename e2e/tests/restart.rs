@@ -4,13 +4,14 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::client_from;
+use floodgate_e2e::process::{floodgate_bin, free_addr};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
 use k8s_openapi::api::core::v1::Service;
@@ -20,27 +21,6 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 
 const ADMIN_TOKEN: &str = "s5-admin-token";
-
-/// The `floodgate` binary cargo built beside this test.
-fn floodgate_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/..");
-    let bin = dir.join("floodgate");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p floodgate` (make test does)",
-        bin.display()
-    );
-    bin
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address")
-}
 
 struct Gateway {
     child: Child,
