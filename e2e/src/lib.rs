@@ -1,13 +1,16 @@
 //! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
-//! ([`drivers`]), a client of the admin API ([`admin`]), the scenario tests in `tests/`, and the
+//! ([`drivers`]), a client of the admin API ([`admin`]), a fault-injecting proxy ([`chaos`]),
+//! captured logs ([`logs`]), the scenario tests in `tests/`, and the
 //! demo (`src/bin/demo.rs`).
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod chaos;
 pub mod drivers;
 pub mod gateway;
+pub mod logs;
 pub mod sim;
 
 use std::net::SocketAddr;
