@@ -86,6 +86,10 @@ pub struct RunArgs {
     /// without it those routes answer 403.
     #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Seconds to drain watchers after SIGTERM (each gets a last bookmark) before exiting
+    /// anyway; a second SIGTERM or SIGINT exits at once.
+    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::run::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
+    pub shutdown_timeout: u64,
 }
 
 impl RunArgs {

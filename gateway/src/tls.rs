@@ -89,8 +89,9 @@ pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsEr
     Ok(Arc::new(cfg))
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` completes; connections already open
-/// are left to finish on their own.
+/// Serves `router` over TLS on `listener` until `shutdown` completes; then stops accepting, asks
+/// every open connection to finish (HTTP/1: after its response in flight; HTTP/2: GOAWAY) and
+/// returns once they all have (watches end when their view lets them go).
 pub async fn serve_tls(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
@@ -98,10 +99,14 @@ pub async fn serve_tls(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(config);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => {
+                graceful.shutdown().await;
+                return Ok(());
+            }
             r = listener.accept() => match r {
                 Ok(c) => c,
                 // Out of file descriptors and the like: wait a little rather than spin.
@@ -114,6 +119,7 @@ pub async fn serve_tls(
         };
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
@@ -126,10 +132,9 @@ pub async fn serve_tls(
                     return;
                 }
             };
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .await
-            {
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
