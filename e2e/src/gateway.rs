@@ -25,43 +25,10 @@ pub struct Stack {
 impl Stack {
     /// Starts kube-sim over `store`, then Floodgate with `spec` (its remote is filled in) and
     /// waits until the link has synced.
-    pub async fn start(store: Arc<SimStore>, mut spec: LinkSpec) -> anyhow::Result<Self> {
+    pub async fn start(store: Arc<SimStore>, spec: LinkSpec) -> anyhow::Result<Self> {
         let sim = RunningSim::start(store, "remote-token").await?;
         let dir = tempfile::tempdir()?;
-        let remote = dir.path().join("remote.kubeconfig");
-        std::fs::write(&remote, sim.kubeconfig())?;
-        spec.remote = RemoteSpec {
-            kubeconfig_path: Some(remote.display().to_string()),
-            ..RemoteSpec::default()
-        };
-        let admin_token = "admin-token".to_owned();
-        let token_file = dir.path().join("admin-token");
-        std::fs::write(&token_file, format!("{admin_token}\n"))?;
-        let cfg = RunConfig {
-            links: LinksFile {
-                links: vec![NamedLink {
-                    name: "east".into(),
-                    spec,
-                }],
-            },
-            listen: "127.0.0.1:0".parse()?,
-            admin_listen: "127.0.0.1:0".parse()?,
-            grpc_listen: "127.0.0.1:0".parse()?,
-            state_dir: dir.path().join("state"),
-            tls: TlsSource::SelfSigned,
-            hosts: vec![],
-            admin_token_file: Some(token_file),
-            serve: Default::default(),
-        };
-        let floodgate = floodgate::run::start(cfg).await?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !floodgate.ready() {
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "the link did not sync within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (floodgate, admin_token) = start_floodgate(&sim.kubeconfig(), spec, dir.path()).await?;
         Ok(Self {
             sim,
             floodgate,
@@ -119,6 +86,51 @@ impl Stack {
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
     }
+}
+
+/// Starts Floodgate with one link, `east`, whose remote is reached with `remote_kubeconfig`
+/// (`spec`'s remote is replaced), keeping its files in `dir`, and waits until the link has
+/// synced. Returns it and the admin API's token.
+pub async fn start_floodgate(
+    remote_kubeconfig: &str,
+    mut spec: LinkSpec,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Running, String)> {
+    let remote = dir.join("remote.kubeconfig");
+    std::fs::write(&remote, remote_kubeconfig)?;
+    spec.remote = RemoteSpec {
+        kubeconfig_path: Some(remote.display().to_string()),
+        ..RemoteSpec::default()
+    };
+    let admin_token = "admin-token".to_owned();
+    let token_file = dir.join("admin-token");
+    std::fs::write(&token_file, format!("{admin_token}\n"))?;
+    let cfg = RunConfig {
+        links: LinksFile {
+            links: vec![NamedLink {
+                name: "east".into(),
+                spec,
+            }],
+        },
+        listen: "127.0.0.1:0".parse()?,
+        admin_listen: "127.0.0.1:0".parse()?,
+        grpc_listen: "127.0.0.1:0".parse()?,
+        state_dir: dir.join("state"),
+        tls: TlsSource::SelfSigned,
+        hosts: vec![],
+        admin_token_file: Some(token_file),
+        serve: Default::default(),
+    };
+    let floodgate = floodgate::run::start(cfg).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !floodgate.ready() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the link did not sync within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((floodgate, admin_token))
 }
 
 /// A kube client from kubeconfig YAML.

@@ -1,19 +1,23 @@
 //! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
-//! ([`drivers`]), a client of the admin API ([`admin`]), Floodgate and consumers as processes
-//! ([`procs`], `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]) that the demo
-//! (`src/bin/demo.rs`) and the scenario benchmarks (`src/bin/scenarios.rs`) run, and the
-//! scenario tests in `tests/`.
+//! ([`drivers`]), a client of the admin API ([`admin`]), a fault-injecting proxy ([`chaos`]),
+//! captured logs ([`logs`]), Floodgate and consumers as processes ([`procs`], [`process`],
+//! `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]) and restart herd
+//! ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
+//! (`src/bin/scenarios.rs`) run, the local cluster the controller is tested against
+//! ([`local`], [`cluster`]), and the scenario tests in `tests/`.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod chaos;
 pub mod cluster;
 pub mod drivers;
 pub mod flood;
 pub mod gateway;
 pub mod herd;
 pub mod local;
+pub mod logs;
 pub mod process;
 pub mod procs;
 pub mod sim;

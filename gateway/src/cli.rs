@@ -96,6 +96,10 @@ pub struct RunArgs {
     /// that stopped reading), e.g. 30s.
     #[arg(long, env = "FLOODGATE_WRITE_TIMEOUT", default_value = "30s")]
     pub write_timeout: floodgate_link_crd::KubeDuration,
+    /// Seconds to drain watchers after SIGTERM (each gets a last bookmark) before exiting
+    /// anyway; a second SIGTERM or SIGINT exits at once.
+    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::run::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
+    pub shutdown_timeout: u64,
 }
 
 impl RunArgs {

@@ -240,6 +240,12 @@ impl<S: ApiStore> Api<S> {
             .saturating_sub(self.watch_slots.available_permits())
     }
 
+    /// Starts draining: new watches are refused (429) and watches that end because the view
+    /// let them go end with a last BOOKMARK. For shutdown; there is no way back.
+    pub fn drain_watches(&self) {
+        self.watch_slots.close();
+    }
+
     /// The store.
     pub fn store(&self) -> &S {
         &self.store

@@ -5,10 +5,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use floodgate::cli::{self, Cli, Command, LogFormat};
 
-/// Runs until SIGINT or SIGTERM, then shuts down.
+/// Runs until SIGINT or SIGTERM, then drains (readiness off, watchers get a last bookmark)
+/// within `--shutdown-timeout`; a second SIGINT or SIGTERM exits at once.
 fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
     let cfg = args.to_config()?;
     tracing::info!(config = ?cfg, "starting");
+    let deadline = std::time::Duration::from_secs(args.shutdown_timeout);
     tokio::runtime::Runtime::new()?.block_on(async {
         let running = floodgate::run::start(cfg).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -16,8 +18,16 @@ fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
             r = tokio::signal::ctrl_c() => r?,
             _ = term.recv() => {}
         }
-        tracing::info!("shutting down");
-        running.stop().await;
+        tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
+        tokio::select! {
+            r = running.shutdown(deadline) => r?,
+            _ = term.recv() => anyhow::bail!("a second signal during the drain: exiting at once"),
+            r = tokio::signal::ctrl_c() => {
+                r?;
+                anyhow::bail!("a second signal during the drain: exiting at once");
+            }
+        }
+        tracing::info!("drained; exiting");
         anyhow::Ok(())
     })
 }

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -81,7 +82,38 @@ pub struct Running {
     pub apis: HashMap<String, Arc<Api<LinkStore>>>,
     tokens: HashMap<String, String>,
     shutdown: watch::Sender<bool>,
+    /// Readiness off (the first step of a shutdown).
+    unready: watch::Sender<bool>,
+    /// Stops the admin listener, after the facade drained (so `/readyz` answers 503 meanwhile).
+    admin_stop: watch::Sender<bool>,
+    facade_task: JoinHandle<()>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// How long `floodgate run` waits for its watchers to drain after SIGTERM before it exits
+/// anyway (`--shutdown-timeout`): less than Kubernetes' default grace period of 30 s.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long the facade keeps serving after readiness dropped, before it lets its watchers go:
+/// time for the Service in front of Floodgate to take it out of its endpoints, so consumers
+/// that resume go to another replica. Part of the shutdown deadline.
+pub const UNREADY_BEFORE_DRAIN: Duration = Duration::from_secs(1);
+
+/// How often a drain lets go of watches opened since it began (a client resuming on a
+/// connection that has not closed yet).
+const DRAIN_TICK: Duration = Duration::from_millis(100);
+
+/// Why a shutdown was not clean.
+#[derive(Debug, thiserror::Error)]
+pub enum ShutdownError {
+    /// Connections were still open at the deadline (a consumer that does not read).
+    #[error("{watches} facade watch(es) still open after {deadline:?}: exiting anyway")]
+    Deadline {
+        /// Watches open at the deadline.
+        watches: usize,
+        /// The deadline.
+        deadline: Duration,
+    },
 }
 
 impl Running {
@@ -112,11 +144,51 @@ impl Running {
         all_synced(&self.links)
     }
 
-    /// Stops everything: readiness first, then the links and listeners.
+    /// Stops everything (in-process tests): [`Running::shutdown`] with a 5 s deadline.
     pub async fn stop(self) {
+        let _ = self.shutdown(Duration::from_secs(5)).await;
+    }
+
+    /// Shuts down in order. Readiness drops first (`/readyz` 503, gRPC health NOT_SERVING)
+    /// and stays down while the facade serves on for [`UNREADY_BEFORE_DRAIN`]; then the links
+    /// and the gRPC server stop, the facade stops accepting and asks its
+    /// connections to close, and every open watch gets a final BOOKMARK with its latest
+    /// version and ends; once every facade connection has closed, or at `deadline`, the admin
+    /// listener stops.
+    pub async fn shutdown(self, deadline: Duration) -> Result<(), ShutdownError> {
+        let until = tokio::time::Instant::now() + deadline;
+        let _ = self.unready.send(true);
+        tokio::time::sleep(UNREADY_BEFORE_DRAIN.min(deadline / 2)).await;
         let _ = self.shutdown.send(true);
+        for api in self.apis.values() {
+            api.drain_watches();
+        }
+        let mut facade = self.facade_task;
+        let drained = loop {
+            for l in self.links.iter() {
+                l.view.disconnect();
+            }
+            tokio::select! {
+                _ = &mut facade => break true,
+                () = tokio::time::sleep_until(until) => break false,
+                () = tokio::time::sleep(DRAIN_TICK) => {}
+            }
+        };
+        let watches = self.apis.values().map(|a| a.open_watches()).sum();
+        tracing::info!(
+            drained,
+            watches,
+            "facade drained; stopping the admin and gRPC listeners"
+        );
+        let _ = self.admin_stop.send(true);
         for t in self.tasks {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        if drained {
+            Ok(())
+        } else {
+            facade.abort();
+            Err(ShutdownError::Deadline { watches, deadline })
         }
     }
 }
@@ -224,9 +296,12 @@ fn connect_from_file(link: &NamedLink) -> Connect {
                 context,
                 ..Default::default()
             };
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &opts)
+            let mut cfg = kube::Config::from_custom_kubeconfig(kc, &opts)
                 .await
                 .with_context(|| format!("kubeconfig {path}"))?;
+            // A list or GET that stalls mid-body is given up (watches end sooner on their own).
+            cfg.read_timeout = Some(crate::upstream::READ_TIMEOUT);
+            cfg.reset_reader_on_write = true;
             Ok(kube::Client::try_from(cfg)?)
         })
     })
@@ -248,6 +323,8 @@ pub fn incarnation() -> u32 {
 /// Starts every link, the facade and the admin listener.
 pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     let (shutdown_tx, shutdown) = watch::channel(false);
+    let (admin_stop, admin_stopped) = watch::channel(false);
+    let (unready, unready_rx) = watch::channel(false);
     let admin_token = cfg
         .admin_token_file
         .as_deref()
@@ -303,9 +380,9 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         metrics: crate::metrics::Metrics::new(links.clone(), apis.clone()),
     });
     let admin_router = crate::admin::finish(
-        crate::admin::router(admin_state).merge(health_router(links.clone(), shutdown.clone())),
+        crate::admin::router(admin_state).merge(health_router(links.clone(), unready_rx.clone())),
     );
-    let stop = wait_for(shutdown.clone());
+    let stop = wait_for(admin_stopped);
     let admin_task = tokio::spawn(async move {
         if let Err(e) = kubeapi::serve_plain(admin, admin_router, stop).await {
             tracing::error!(error = %e, "the admin listener stopped");
@@ -319,7 +396,8 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         links
             .iter()
             .filter_map(|l| Some(grpc::MirrorLink::of(l, tokens.get(&l.name)?))),
-        shutdown.clone(),
+        // gRPC health turns NOT_SERVING with readiness.
+        unready_rx,
     );
     let grpc_tls = tls
         .as_ref()
@@ -340,7 +418,10 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         apis,
         tokens,
         shutdown: shutdown_tx,
-        tasks: vec![facade_task, admin_task, grpc_task],
+        unready,
+        admin_stop,
+        facade_task,
+        tasks: vec![admin_task, grpc_task],
     })
 }
 

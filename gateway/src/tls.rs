@@ -85,9 +85,10 @@ pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsEr
     Ok(Arc::new(cfg))
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` completes, with the default
-/// [`crate::kubeapi::serve::ServeLimits`]; connections already open are left to finish on their
-/// own.
+/// Serves `router` over TLS on `listener` until `shutdown` completes; then stops accepting, asks
+/// every open connection to finish (HTTP/1: after its response in flight; HTTP/2: GOAWAY) and
+/// returns once they all have (watches end when their view lets them go). The bounds are the
+/// default [`crate::kubeapi::serve::ServeLimits`].
 pub async fn serve_tls(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,

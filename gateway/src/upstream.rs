@@ -16,6 +16,14 @@
 //! on 410 with the `Init`/`InitDone` markers the engine uses to publish only real differences.
 //! Every message carries the generation of the upstream run that produced it, so events still
 //! in flight from a stopped run are dropped.
+//!
+//! Faults kube-rs alone does not recover from are turned into relists here (see
+//! [`needs_relist`]): a watch frame that cannot be decoded (kube-rs skips it, and the change it
+//! carried would be lost), and a resume the remote refuses at the HTTP level (504
+//! `ResourceVersionTooLarge` after an etcd restore took the remote's versions backwards, or an
+//! HTTP 410; kube-rs retries those with the same version forever). Watches ask the remote to end
+//! them after [`WATCH_TIMEOUT_SECS`], so one that hangs is given up within that and a margin.
+//! An object whose JSON exceeds [`MAX_OBJECT_BYTES`] is refused with a log line.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +63,10 @@ pub struct UpstreamCounters {
     pub decode_errors: AtomicU64,
     /// Objects applied or deleted, per kind in [`Kind::ALL`]'s order (initial lists included).
     pub events: [AtomicU64; Kind::ALL.len()],
+    /// Objects refused for being over [`MAX_OBJECT_BYTES`].
+    pub oversized: AtomicU64,
+    /// Relists Floodgate forced because kube-rs could not recover by itself ([`needs_relist`]).
+    pub forced_relists: AtomicU64,
 }
 
 impl UpstreamCounters {
@@ -75,7 +87,73 @@ fn is_decode_error(e: &watcher::Error) -> bool {
         watcher::Error::InitialListFailed(kube::Error::SerdeError(_))
             | watcher::Error::WatchStartFailed(kube::Error::SerdeError(_))
             | watcher::Error::WatchFailed(kube::Error::SerdeError(_))
-    )
+    ) || is_undecodable_frame(e)
+}
+
+/// True for a watch frame that was JSON but no watch event: kube-rs then tries to read the line
+/// as a `Status`, which any JSON object is (every field has a default), and reports an API
+/// error without a code.
+fn is_undecodable_frame(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 0)
+}
+
+/// The largest upstream object, as JSON, that Floodgate accepts. etcd refuses requests over
+/// 1.5 MiB by default, so a real API server never serves a larger object; one that does is
+/// broken or hostile. A refused object is logged and counted; a version of it served before
+/// stays served until the next relist of its kind, which drops it.
+pub const MAX_OBJECT_BYTES: usize = 2 * 1024 * 1024;
+
+/// Upstream watches ask the remote to end them after this long (the watcher then resumes from
+/// its version, which costs the remote no relist). kube-rs gives up on a watch that stays
+/// silent for this long plus 5 s, so a remote that hangs mid-stream is noticed within about a
+/// minute. (The API server itself picks 5 to 10 minutes for client-go.)
+pub const WATCH_TIMEOUT_SECS: u32 = 60;
+
+/// How long a response from the remote may send nothing before it is given up: longer than a
+/// watch stays silent on a healthy remote (it ends at [`WATCH_TIMEOUT_SECS`]), so it only cuts
+/// a list or a GET that stalled mid-body. Set on the link's client where it is built.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
+
+/// The first and the longest wait before a relist Floodgate forces ([`needs_relist`]), so a
+/// remote that keeps sending broken frames costs it a list every 30 s at most.
+const FORCED_RELIST_BACKOFF: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(30),
+);
+
+/// True when a watcher error leaves kube-rs unable to recover by itself, so the watcher must
+/// start over from a fresh list:
+/// - a watch frame that could not be decoded (not JSON, or JSON but no watch event): kube-rs
+///   skips it and reads on, so the change it carried would be lost until the object changes
+///   again;
+/// - a resume the remote refused at the HTTP level with 504 (`ResourceVersionTooLarge`: its
+///   versions went backwards, as after an etcd restore) or 410: kube-rs retries the same
+///   version forever, and only relists on an in-stream 410.
+pub fn needs_relist(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchFailed(kube::Error::SerdeError(_)) => true,
+        e if is_undecodable_frame(e) => true,
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 504 || s.code == 410,
+        _ => false,
+    }
+}
+
+/// The length of `o`'s JSON encoding, counted without building it.
+fn encoded_len<K: serde::Serialize>(o: &K) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing into a counter cannot fail; an object serde refuses counts as what it wrote.
+    let _ = serde_json::to_writer(&mut c, o);
+    c.0
 }
 
 /// How to reach the remote and what to watch.
@@ -173,13 +251,16 @@ pub fn start(
 ) -> Upstream {
     let mut tasks = JoinSet::new();
     let c = &remote.client;
-    let labelled = watcher::Config::default().labels(&remote.selector);
-    let all = watcher::Config::default();
+    let all = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let labelled = all.clone().labels(&remote.selector);
     let lists = Arc::new(tokio::sync::Semaphore::new(0));
     spawn(
         &mut tasks,
         Kind::Service,
-        watcher::watcher(Api::<Service>::all(c.clone()), labelled.clone()),
+        {
+            let (c, w) = (c.clone(), labelled.clone());
+            move || watcher::watcher(Api::<Service>::all(c.clone()), w.clone())
+        },
         |s| Object::Service(Arc::new(s)),
         generation,
         &tx,
@@ -189,7 +270,10 @@ pub fn start(
     spawn(
         &mut tasks,
         Kind::EndpointSlice,
-        watcher::watcher(Api::<EndpointSlice>::all(c.clone()), labelled.clone()),
+        {
+            let (c, w) = (c.clone(), labelled.clone());
+            move || watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w.clone())
+        },
         |s| Object::EndpointSlice(Arc::new(s)),
         generation,
         &tx,
@@ -199,7 +283,10 @@ pub fn start(
     spawn(
         &mut tasks,
         Kind::Endpoints,
-        watcher::watcher(Api::<Endpoints>::all(c.clone()), labelled),
+        {
+            let c = c.clone();
+            move || watcher::watcher(Api::<Endpoints>::all(c.clone()), labelled.clone())
+        },
         |s| Object::Endpoints(Arc::new(s)),
         generation,
         &tx,
@@ -209,7 +296,10 @@ pub fn start(
     spawn(
         &mut tasks,
         Kind::Pod,
-        watcher::watcher(Api::<Pod>::all(c.clone()), all.clone()),
+        {
+            let (c, w) = (c.clone(), all.clone());
+            move || watcher::watcher(Api::<Pod>::all(c.clone()), w.clone())
+        },
         |p| Object::Pod(Arc::new(p)),
         generation,
         &tx,
@@ -219,10 +309,15 @@ pub fn start(
     spawn(
         &mut tasks,
         Kind::ReplicaSet,
-        watcher::watcher(
-            Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
-            all.clone(),
-        ),
+        {
+            let (c, w) = (c.clone(), all.clone());
+            move || {
+                watcher::watcher(
+                    Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
+                    w.clone(),
+                )
+            }
+        },
         |m| Object::ReplicaSet(Arc::new(m.metadata)),
         generation,
         &tx,
@@ -237,7 +332,12 @@ pub fn start(
         spawn(
             &mut tasks,
             Kind::Server,
-            watcher::watcher(Api::<DynamicObject>::all_with(c.clone(), &ar), all),
+            {
+                let c = c.clone();
+                move || {
+                    watcher::watcher(Api::<DynamicObject>::all_with(c.clone(), &ar), all.clone())
+                }
+            },
             |d| {
                 let spec = d.data.get("spec").cloned().unwrap_or_default();
                 Object::Server(Arc::new(Server {
@@ -255,23 +355,26 @@ pub fn start(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn spawn<K, S>(
+fn spawn<K, S, F>(
     tasks: &mut JoinSet<()>,
     kind: Kind,
-    stream: S,
+    make: F,
     wrap: fn(K) -> Object,
     generation: u64,
     tx: &mpsc::Sender<Message>,
     counters: &Arc<UpstreamCounters>,
     gate: Gate,
 ) where
-    K: kube::Resource + Send + 'static,
+    K: kube::Resource + serde::Serialize + Send + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    F: Fn() -> S + Send + 'static,
 {
     let tx = tx.clone();
     let counters = counters.clone();
     let index = kind_index(kind);
-    tasks.spawn(async move {
+    // In the link's span (the caller's), so every line a watcher logs names its link.
+    let span = tracing::Span::current();
+    tasks.spawn(tracing::Instrument::instrument(async move {
         if let Gate::After(g) = &gate {
             // Closed only when the upstream is dropped, and then this task is aborted too.
             if let Ok(p) = g.acquire_many(ENDPOINT_KINDS).await {
@@ -279,7 +382,8 @@ fn spawn<K, S>(
             }
         }
         let mut opened = false;
-        let mut stream = std::pin::pin!(stream.default_backoff());
+        let mut relist_in = FORCED_RELIST_BACKOFF.0;
+        let mut stream = Box::pin(make().default_backoff());
         while let Some(item) = stream.next().await {
             let change = match item {
                 Ok(Event::Init) => {
@@ -287,8 +391,23 @@ fn spawn<K, S>(
                     Change::InitStart(kind)
                 }
                 // managedFields and the upstream resourceVersion are dropped by the engine on arrival.
-                Ok(Event::InitApply(o) | Event::Apply(o)) => Change::Apply(wrap(o)),
+                Ok(Event::InitApply(o) | Event::Apply(o)) => {
+                    let bytes = encoded_len(&o);
+                    if bytes > MAX_OBJECT_BYTES {
+                        counters.oversized.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            kind = kind.name(),
+                            object = %NsName::of(o.meta()),
+                            bytes,
+                            limit = MAX_OBJECT_BYTES,
+                            "refused an upstream object over the size limit"
+                        );
+                        continue;
+                    }
+                    Change::Apply(wrap(o))
+                }
                 Ok(Event::InitDone) => {
+                    relist_in = FORCED_RELIST_BACKOFF.0;
                     if let (Gate::Opens(g), false) = (&gate, opened) {
                         opened = true;
                         g.add_permits(1);
@@ -304,7 +423,15 @@ fn spawn<K, S>(
                     if is_decode_error(&e) {
                         counters.decode_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    tracing::warn!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
+                    if needs_relist(&e) {
+                        counters.forced_relists.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(kind = kind.name(), error = %e, relist_in = ?relist_in, "upstream watch cannot resume; relisting");
+                        tokio::time::sleep(relist_in).await;
+                        relist_in = (relist_in * 2).min(FORCED_RELIST_BACKOFF.1);
+                        stream = Box::pin(make().default_backoff());
+                    } else {
+                        tracing::warn!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
+                    }
                     continue;
                 }
             };
@@ -315,7 +442,7 @@ fn spawn<K, S>(
                 return; // The link is gone.
             }
         }
-    });
+    }, span));
 }
 
 /// Pod GETs in flight at once for one link: enough to fill a start-up's gaps in a few round

@@ -24,6 +24,7 @@ use std::time::Duration;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -102,8 +103,9 @@ pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, over TLS when `tls` is given;
-/// connections already open are left to finish on their own.
+/// Serves `router` on `listener` until `shutdown` completes, over TLS when `tls` is given; then
+/// stops accepting, asks every open connection to finish (HTTP/1: after its response in flight;
+/// HTTP/2: GOAWAY) and returns once they all have (watches end when their view lets them go).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -114,17 +116,24 @@ pub async fn serve(
     let acceptor = tls.map(TlsAcceptor::from);
     // Permits are never closed, so acquiring one only fails if that changes.
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => {
+                graceful.shutdown().await;
+                return Ok(());
+            }
             p = slots.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => return Ok(()),
             },
         };
         let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => {
+                graceful.shutdown().await;
+                return Ok(());
+            }
             r = listener.accept() => match r {
                 Ok(c) => c,
                 // Out of file descriptors and the like: wait a little rather than spin.
@@ -137,6 +146,7 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
             let served = match acceptor {
@@ -150,12 +160,12 @@ pub async fn serve(
                         tracing::debug!(%peer, "no request within the header read timeout");
                         return;
                     }
-                    builder(&limits)
-                        .serve_connection_with_upgrades(
-                            TokioIo::new(with_write_timeout(tcp, &limits)),
-                            service,
-                        )
-                        .await
+                    let b = builder(&limits);
+                    let conn = b.serve_connection_with_upgrades(
+                        TokioIo::new(with_write_timeout(tcp, &limits)),
+                        service,
+                    );
+                    watcher.watch(conn.into_owned()).await
                 }
                 Some(acceptor) => {
                     let io = with_write_timeout(tcp, &limits);
@@ -183,8 +193,8 @@ pub async fn serve(
                     } else {
                         b.http1_only()
                     };
-                    b.serve_connection_with_upgrades(TokioIo::new(tls), service)
-                        .await
+                    let conn = b.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                    watcher.watch(conn.into_owned()).await
                 }
             };
             if let Err(e) = served {

@@ -5,7 +5,9 @@
 //! Live events reuse the frame the view encoded once; only frames that differ per watcher
 //! (synthetic ADDED, selector transitions, metadata-only renderings) are built here. A watcher
 //! whose backlog overflows (it reads slower than the link publishes) is closed: the client
-//! resumes from its last version, or relists on 410.
+//! resumes from its last version, or relists on 410. When the view lets its watchers go
+//! (`View::disconnect`) while the API drains (`Api::drain_watches`, Floodgate's shutdown), each
+//! watch ends with a BOOKMARK carrying its latest version.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -198,7 +200,15 @@ impl Watcher {
                         }
                     }
                     // Too slow: close so the client resumes from its last version or relists.
-                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return None,
+                    Err(RecvError::Lagged(_)) => return None,
+                    // The view let its watchers go. When the API is draining (Floodgate shuts
+                    // down) a last BOOKMARK with the latest version, so the client resumes
+                    // without a relist; otherwise (kube-sim's faults) just the end.
+                    Err(RecvError::Closed) => {
+                        self.done = true;
+                        let draining = self.slot.as_ref().is_some_and(|p| p.semaphore().is_closed());
+                        return (draining && self.query.bookmarks).then(|| self.bookmark(false));
+                    }
                 },
                 () = sleep_until(self.deadline) => {
                     self.done = true;

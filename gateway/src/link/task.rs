@@ -158,13 +158,13 @@ pub(super) async fn run(
                 Effect::FetchPods(pods) => {
                     if let Some(r) = &remote {
                         tracing::debug!(pods = pods.len(), "fetching pods kept endpoints point at");
-                        fetches.spawn(upstream::fetch_pods(
+                        fetches.spawn(tracing::Instrument::in_current_span(upstream::fetch_pods(
                             r.client.clone(),
                             pods,
                             generation,
                             tx.clone(),
                             counters.clone(),
-                        ));
+                        )));
                     }
                 }
                 Effect::Transition(t) => {

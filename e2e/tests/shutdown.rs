@@ -1,0 +1,277 @@
+//! Graceful shutdown of the real `floodgate run` binary: on SIGTERM readiness drops first, each
+//! open watch gets a last BOOKMARK and ends, and the process exits 0 within its deadline; a
+//! second SIGTERM during a drain that cannot finish (a consumer that never reads) exits at once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::churn::object::Object;
+use floodgate::kubeapi::ApiStore;
+use floodgate_e2e::RunningSim;
+use floodgate_e2e::admin;
+use floodgate_e2e::drivers::Cluster;
+use floodgate_e2e::gateway::client_from;
+use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::until;
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The `floodgate` binary cargo built beside this test (as in `restart.rs`).
+fn floodgate_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/..");
+    let bin = dir.join("floodgate");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p floodgate` (make test does)",
+        bin.display()
+    );
+    bin
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address")
+}
+
+struct Gateway {
+    child: Child,
+    admin: SocketAddr,
+    facade: SocketAddr,
+    state: PathBuf,
+}
+
+/// Writes the links file for `sim` into `dir` and starts `floodgate run` with `extra` flags.
+fn start(dir: &Path, sim: &RunningSim, extra: &[&str]) -> Gateway {
+    std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
+    std::fs::write(
+        dir.join("links.yaml"),
+        format!(
+            "links:\n- name: east\n  spec:\n    remote:\n      kubeconfigPath: {}\n",
+            dir.join("remote.kubeconfig").display()
+        ),
+    )
+    .expect("links file");
+    let (admin, facade, state) = (free_addr(), free_addr(), dir.join("state"));
+    let child = Command::new(floodgate_bin())
+        .arg("run")
+        .arg("--config")
+        .arg(dir.join("links.yaml"))
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--listen")
+        .arg(facade.to_string())
+        .arg("--admin-listen")
+        .arg(admin.to_string())
+        .arg("--grpc-listen")
+        .arg(free_addr().to_string())
+        .args(extra)
+        .env("FLOODGATE_LOG", "info")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("floodgate starts");
+    Gateway {
+        child,
+        admin,
+        facade,
+        state,
+    }
+}
+
+async fn readyz(g: &Gateway) -> Option<u16> {
+    admin::call_text(g.admin, "GET", "/readyz", None, "")
+        .await
+        .ok()
+        .map(|(code, _)| code)
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().expect("still running");
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "SIGTERM sent");
+}
+
+fn token(g: &Gateway) -> String {
+    std::fs::read_to_string(g.state.join("tokens/east"))
+        .expect("the link's token")
+        .trim()
+        .to_owned()
+}
+
+/// SIGTERM: readiness turns 503 while the watch is still open, the watch then gets a BOOKMARK
+/// with the version it had reached and ends cleanly, and the process exits 0 in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drops_readiness_then_drains_watchers_with_a_last_bookmark() {
+    let store = Arc::new(SimStore::new(120, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 2, true);
+    let sim = RunningSim::start(store, "remote-token")
+        .await
+        .expect("kube-sim");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut g = start(tmp.path(), &sim, &["--shutdown-timeout", "10"]);
+    until(60, "floodgate is ready", async || {
+        readyz(&g).await == Some(200)
+    })
+    .await;
+
+    let ca = std::fs::read_to_string(g.state.join("tls/ca.crt")).expect("the CA");
+    let server = format!("https://{}/links/east", g.facade);
+    let yaml = floodgate::run::consumer_kubeconfig(&server, &token(&g), Some(&ca), "east");
+    let client = client_from(&yaml).await.expect("a client");
+    let list = Api::<Service>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("LIST");
+    let rv = list.metadata.resource_version.expect("a list version");
+    let req = http::Request::get(format!(
+        "/api/v1/services?watch=true&allowWatchBookmarks=true&resourceVersion={rv}"
+    ))
+    .body(Vec::new())
+    .expect("request");
+    let resp = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .expect("watch");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body().into_data_stream();
+
+    let sent = Instant::now();
+    sigterm(&g.child);
+    // Readiness drops while the watch is still open (nothing has arrived on it yet).
+    until(5, "/readyz answers 503", async || {
+        readyz(&g).await == Some(503)
+    })
+    .await;
+    let unready_at = Instant::now();
+
+    let mut frames = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let ended_cleanly = loop {
+        match tokio::time::timeout(Duration::from_secs(15), body.next()).await {
+            Ok(Some(Ok(chunk))) => buf.extend_from_slice(&chunk),
+            Ok(Some(Err(e))) => panic!("the watch ended with an error: {e}"),
+            Ok(None) => break true,
+            Err(_) => break false,
+        }
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let frame: Value = serde_json::from_slice(&buf[..i]).expect("a JSON frame");
+            buf.drain(..=i);
+            frames.push((Instant::now(), frame));
+        }
+    };
+    assert!(ended_cleanly, "the watch ended: {frames:?}");
+    let (bookmark_at, last) = frames.last().expect("a last frame");
+    assert_eq!(last["type"], "BOOKMARK", "{frames:?}");
+    assert_eq!(last["object"]["kind"], "Service");
+    assert_eq!(
+        last["object"]["metadata"]["resourceVersion"], rv,
+        "the bookmark carries the version the watch had reached"
+    );
+    assert!(
+        unready_at <= *bookmark_at,
+        "readiness dropped before the watch was drained"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(15), g.child.wait())
+        .await
+        .expect("exits within the deadline")
+        .expect("exit status");
+    assert!(status.success(), "exit 0 after a clean drain: {status}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "within the deadline"
+    );
+}
+
+/// A drain that cannot finish (a consumer that never reads a streaming list bigger than the
+/// socket buffers): the process waits for it, and a second SIGTERM makes it exit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_forces_exit_during_a_slow_drain() {
+    let store = Arc::new(SimStore::new(121, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    // 40 services of 400 KB each: 16 MB of streaming list, more than loopback buffers hold.
+    let mut big = Vec::new();
+    for i in 0..40 {
+        let name = format!("big-{i}");
+        cluster.add_service(&name, true);
+        let key = floodgate::churn::object::ObjKey {
+            kind: floodgate::churn::object::Kind::Service,
+            id: floodgate::churn::object::NsName::new("prod", &name),
+        };
+        if let Some(Object::Service(s)) = store.view().get(&key).map(|s| s.object.clone()) {
+            let mut s = Service::clone(&s);
+            s.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert("padding".into(), "x".repeat(400_000));
+            big.push(Object::Service(Arc::new(s)));
+        }
+    }
+    store.apply(big);
+    let sim = RunningSim::start(store, "remote-token")
+        .await
+        .expect("kube-sim");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut g = start(
+        tmp.path(),
+        &sim,
+        &["--shutdown-timeout", "120", "--insecure-http"],
+    );
+    until(60, "floodgate is ready", async || {
+        readyz(&g).await == Some(200)
+    })
+    .await;
+
+    // A consumer that asks for everything and never reads.
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.set_recv_buffer_size(4096).expect("small buffer");
+    let mut stuck = sock.connect(g.facade).await.expect("connect");
+    let req = format!(
+        "GET /links/east/api/v1/services?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true HTTP/1.1\r\nhost: floodgate\r\nauthorization: Bearer {}\r\n\r\n",
+        token(&g)
+    );
+    stuck.write_all(req.as_bytes()).await.expect("request");
+
+    sigterm(&g.child);
+    until(5, "/readyz answers 503", async || {
+        readyz(&g).await == Some(503)
+    })
+    .await;
+    // The drain is under way and cannot finish: the process is still there.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        g.child.try_wait().expect("status").is_none(),
+        "still draining"
+    );
+    assert_eq!(readyz(&g).await, Some(503), "still answering, not ready");
+
+    let forced = Instant::now();
+    sigterm(&g.child);
+    let status = tokio::time::timeout(Duration::from_secs(5), g.child.wait())
+        .await
+        .expect("a second SIGTERM exits at once")
+        .expect("exit status");
+    assert!(
+        !status.success(),
+        "a forced exit is not a clean one: {status}"
+    );
+    assert!(forced.elapsed() < Duration::from_secs(5));
+    drop(stuck);
+}
