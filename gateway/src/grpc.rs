@@ -254,6 +254,17 @@ pub fn tls_config(cert_pem: &str, key_pem: &str) -> tonic::transport::ServerTlsC
         .identity(tonic::transport::Identity::from_pem(cert_pem, key_pem))
 }
 
+/// Sets the health of the whole server (`""`) and of `floodgate.v1.Mirror` together.
+async fn set_health(reporter: &tonic_health::server::HealthReporter, status: ServingStatus) {
+    reporter
+        .set_service_status(
+            <MirrorServer<MirrorService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    reporter.set_service_status("", status).await;
+}
+
 /// Serves `floodgate.v1.Mirror` and `grpc.health.v1.Health` on `listener` until `shutdown`
 /// turns true. Health is NOT_SERVING until every link has synced, SERVING then, and
 /// NOT_SERVING again as soon as shutdown begins; streams and connections then get
@@ -265,12 +276,7 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), GrpcError> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_not_serving::<MirrorServer<MirrorService>>()
-        .await;
-    reporter
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
+    set_health(&reporter, ServingStatus::NotServing).await;
     let states: Vec<_> = service.links.values().map(|l| l.state.clone()).collect();
     let mut stop = shutdown.clone();
     let signal = async move {
@@ -278,22 +284,14 @@ pub async fn serve(
             for mut s in states {
                 let _ = s.wait_for(|s| s.synced).await;
             }
-            reporter.set_serving::<MirrorServer<MirrorService>>().await;
-            reporter
-                .set_service_status("", ServingStatus::Serving)
-                .await;
+            set_health(&reporter, ServingStatus::Serving).await;
             std::future::pending::<()>().await;
         };
         tokio::select! {
             _ = stop.wait_for(|s| *s) => {}
             () = all_synced => {}
         }
-        reporter
-            .set_not_serving::<MirrorServer<MirrorService>>()
-            .await;
-        reporter
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
+        set_health(&reporter, ServingStatus::NotServing).await;
     };
     let mut builder = tonic::transport::Server::builder()
         // Find consumers that vanished without closing (their streams hold a task each).
