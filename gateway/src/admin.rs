@@ -261,15 +261,25 @@ fn parse_body(body: &Bytes) -> Result<Request, AdminError> {
     })
 }
 
+/// What both mutating routes check first, in this order: the token (401/403), the link (404),
+/// the body (400).
+fn operator_request<'a>(
+    s: &'a AdminState,
+    name: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(&'a LinkHandle, Request), AdminError> {
+    s.authorize(headers)?;
+    Ok((s.link(name)?, parse_body(body)?))
+}
+
 async fn release(
     State(s): State<Arc<AdminState>>,
     UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, AdminError> {
-    s.authorize(&headers)?;
-    let link = s.link(&name)?;
-    let req = parse_body(&body)?;
+    let (link, req) = operator_request(&s, &name, &headers, &body)?;
     let t = answer(&name, link.release()).await?;
     tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
     Ok(Json(json!({ "link": name, "transition": t })))
@@ -281,9 +291,7 @@ async fn quarantine(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, AdminError> {
-    s.authorize(&headers)?;
-    let link = s.link(&name)?;
-    let req = parse_body(&body)?;
+    let (link, req) = operator_request(&s, &name, &headers, &body)?;
     let message = req
         .message
         .unwrap_or_else(|| "quarantined by an operator through the admin API".to_owned());
