@@ -334,7 +334,7 @@ async fn drive(
         out
     };
     let via_staleness_ms = staleness(&v.seen, true);
-    let following = calm_made.iter().filter(|s| following(**s)).count();
+    let followed = calm_made.iter().filter(|s| following(**s)).count();
     Ok(Outcome {
         upstream_events: upstream_total,
         direct_events: d.events - direct0,
@@ -342,13 +342,14 @@ async fn drive(
         direct_peak_kib: rss(rig.direct.pid()).1,
         via_peak_kib: rss(rig.via.pid()).1,
         floodgate_peak_kib: rss(rig.floodgate.pid()).1,
-        via_missed: following - via_staleness_ms.len(),
+        via_missed: followed - via_staleness_ms.len(),
         via_staleness_ms,
         direct_staleness_ms: staleness(&d.seen, false),
-        quarantined_after_s: quarantined_at.map(|t| t.saturating_sub(ramp_start) as f64 / 10.0),
+        quarantined_after_s: quarantined_at
+            .map(|t| t.saturating_sub(ramp_start) as f64 / ticks_per_sec as f64),
         converged_after_release_s: released_at
             .zip(converged_at)
-            .map(|(r, c)| c.saturating_sub(r) as f64 / 10.0),
+            .map(|(r, c)| c.saturating_sub(r) as f64 / ticks_per_sec as f64),
         final_phase: phase,
         samples,
     })
