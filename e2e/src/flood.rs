@@ -25,7 +25,8 @@ use crate::drivers::Cluster;
 use crate::procs::{Consumer, ConsumerStats, Floodgate, memory_kib};
 use crate::sim::SimStore;
 
-/// The annotation the consumers read (the same as `src/bin/consumer.rs`'s `STAMP`).
+/// The annotation a calm change is stamped with (its wall-clock time in ms), which
+/// `src/bin/consumer.rs` reads.
 pub const STAMP: &str = "e2e.floodgate.dev/changed-at-ms";
 const CALM: [&str; 3] = ["web", "api", "billing"];
 const BAD: &str = "injector";

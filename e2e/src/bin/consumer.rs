@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
+use floodgate_e2e::flood::STAMP;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -28,9 +29,6 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde_json::json;
 use tokio::sync::mpsc;
-
-/// The annotation a driver stamps on an object it changes: its wall-clock time in ms.
-pub const STAMP: &str = "e2e.floodgate.dev/changed-at-ms";
 
 /// A Linkerd-like consumer of one cluster's discovery API.
 #[derive(Debug, Parser)]
