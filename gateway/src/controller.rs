@@ -101,7 +101,7 @@ fn connect_from_kubeconfig(yaml: String, context: Option<String>) -> Connect {
                 ..Default::default()
             };
             let cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;
-            Ok(kube::Client::try_from(cfg)?)
+            Ok(crate::upstream::client(cfg)?)
         })
     })
 }

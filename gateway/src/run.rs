@@ -296,13 +296,10 @@ fn connect_from_file(link: &NamedLink) -> Connect {
                 context,
                 ..Default::default()
             };
-            let mut cfg = kube::Config::from_custom_kubeconfig(kc, &opts)
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &opts)
                 .await
                 .with_context(|| format!("kubeconfig {path}"))?;
-            // A list or GET that stalls mid-body is given up (watches end sooner on their own).
-            cfg.read_timeout = Some(crate::upstream::READ_TIMEOUT);
-            cfg.reset_reader_on_write = true;
-            Ok(kube::Client::try_from(cfg)?)
+            Ok(crate::upstream::client(cfg)?)
         })
     })
 }

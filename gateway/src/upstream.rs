@@ -111,8 +111,22 @@ pub const WATCH_TIMEOUT_SECS: u32 = 60;
 
 /// How long a response from the remote may send nothing before it is given up: longer than a
 /// watch stays silent on a healthy remote (it ends at [`WATCH_TIMEOUT_SECS`]), so it only cuts
-/// a list or a GET that stalled mid-body. Set on the link's client where it is built.
+/// a list or a GET that stalled mid-body. Set by [`client`].
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
+
+/// The client of a link's remote, from its kubeconfig's `cfg`, with the two settings every
+/// link needs, whichever mode built `cfg`:
+/// - [`READ_TIMEOUT`], so a list or GET that stalls mid-body is given up;
+/// - no retries inside the client. kube-rs retries 429, 503 and 504 up to 15 times by default,
+///   with waits that grow to minutes; the watchers have their own backoff, and a 504 on a
+///   resume is a remote whose versions went backwards, which must reach [`needs_relist`] at
+///   once instead of being retried with the same version.
+pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
+    cfg.read_timeout = Some(READ_TIMEOUT);
+    cfg.reset_reader_on_write = true;
+    cfg.default_retry = false;
+    Client::try_from(cfg)
+}
 
 /// The first and the longest wait before a relist Floodgate forces ([`needs_relist`]), so a
 /// remote that keeps sending broken frames costs it a list every 30 s at most.
