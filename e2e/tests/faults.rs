@@ -187,6 +187,7 @@ async fn resource_versions_going_backwards_are_relisted() {
         "the forced relist was logged:\n{}",
         logs.text()
     );
+    assert!(stack.link().upstream_forced_relists >= 1, "and counted");
 }
 
 /// A storm of 500s, then one of 429s with Retry-After: the consumer keeps the last view; the
@@ -319,6 +320,7 @@ async fn an_oversized_object_is_refused_and_the_link_goes_on() {
     .await;
     annotate(stack.sim.store(), "api", "small");
     converges(&stack, 20, &view(&[("api", "small"), ("web", "")])).await;
+    assert_eq!(stack.link().upstream_oversized, 1, "the refusal is counted");
     alive(&stack);
 }
 

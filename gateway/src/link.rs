@@ -72,6 +72,10 @@ pub struct LinkState {
     pub quarantine_transitions: u64,
     /// Upstream watch errors that were undecodable JSON.
     pub upstream_decode_errors: u64,
+    /// Relists Floodgate forced: a watch that could not resume or lost a frame.
+    pub upstream_forced_relists: u64,
+    /// Upstream objects refused for being over the size limit.
+    pub upstream_oversized: u64,
     /// Objects applied or deleted upstream, per resource kind (initial lists included).
     pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
     /// True once the link has reached its remote.
@@ -248,6 +252,8 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
         },
         quarantine_transitions: 0,
         upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
+        upstream_forced_relists: counters.forced_relists.load(Ordering::Relaxed),
+        upstream_oversized: counters.oversized.load(Ordering::Relaxed),
         upstream_events_by_kind: crate::churn::object::Kind::ALL
             .iter()
             .map(|k| (k.name(), counters.events_of(*k)))

@@ -23,6 +23,8 @@
 //! | `floodgate_upstream_errors_total` | counter | (each followed by a reconnect with backoff) |
 //! | `floodgate_upstream_relists_total` | counter | |
 //! | `floodgate_upstream_decode_errors_total` | counter | |
+//! | `floodgate_upstream_forced_relists_total` | counter | (a resume refused with 410/504, or a frame lost) |
+//! | `floodgate_upstream_oversized_total` | counter | (objects over the 2 MiB limit, refused) |
 //! | `floodgate_discarded_writes_total` | counter | (Events accepted and discarded) |
 
 use std::collections::HashMap;
@@ -275,6 +277,18 @@ impl Collector for LinkCollector {
             "upstream_decode_errors",
             "Upstream watch errors caused by JSON the client could not decode.",
             per_link(|s| s.state.upstream_decode_errors),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_forced_relists",
+            "Upstream relists Floodgate forced: a resume refused with 410 or 504, or a watch frame lost.",
+            per_link(|s| s.state.upstream_forced_relists),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_oversized",
+            "Upstream objects refused for being over the size limit.",
+            per_link(|s| s.state.upstream_oversized),
         )?;
         counter(
             &mut enc,

@@ -66,6 +66,8 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "upstreamErrors": s.upstream_errors,
             "upstreamRelists": s.upstream_relists,
             "upstreamDecodeErrors": s.upstream_decode_errors,
+            "upstreamForcedRelists": s.upstream_forced_relists,
+            "upstreamOversized": s.upstream_oversized,
             "quarantineTransitions": s.quarantine_transitions,
             "watchers": api.map_or(0, Api::open_watches),
             "discardedWrites": facade.events_discarded,

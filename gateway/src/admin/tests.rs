@@ -465,6 +465,8 @@ async fn metrics_parse_and_follow_the_links() {
         "floodgate_watchers",
         "floodgate_upstream_errors_total",
         "floodgate_upstream_decode_errors_total",
+        "floodgate_upstream_forced_relists_total",
+        "floodgate_upstream_oversized_total",
         "floodgate_discarded_writes_total",
     ] {
         assert!(value(name, &east) >= 0.0, "{name}");
