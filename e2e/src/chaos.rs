@@ -41,6 +41,9 @@ pub struct Faults {
     pub hang_watches: AtomicBool,
     /// While set, a list (a GET that is not a watch) sends half its body, then hangs forever.
     pub hang_lists: AtomicBool,
+    /// While set, `limit` is taken off every request, so lists come whole in one body (an API
+    /// server may ignore `limit`, and serves lists from its cache that way).
+    pub strip_limit: AtomicBool,
     /// Frames malformed so far.
     pub malformed: AtomicU64,
     /// Frames cut so far.
@@ -163,7 +166,14 @@ async fn forward(
         .query()
         .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
     let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    if faults.strip_limit.load(Ordering::Relaxed) {
+        path = without_limit(&path);
+    }
     let uri = match format!("{base}{path}").parse() {
         Ok(u) => u,
         Err(e) => return Ok(bad_gateway(format!("bad target: {e}"))),
@@ -202,6 +212,18 @@ async fn forward(
         body.map_err(Into::into).boxed()
     };
     Ok(hyper::Response::from_parts(parts, body))
+}
+
+/// `path_and_query` with no `limit=` pair.
+fn without_limit(path_and_query: &str) -> String {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return path_and_query.to_owned();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.starts_with("limit="))
+        .collect();
+    format!("{path}?{}", kept.join("&"))
 }
 
 fn bad_gateway(msg: String) -> hyper::Response<Body> {

@@ -20,6 +20,8 @@ use tokio::time::Instant;
 
 use crate::churn::object::{Kind, NsName, ObjKey, Object};
 
+pub mod pages;
+
 const COUNTER_BITS: u32 = 40;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
 
@@ -168,6 +170,8 @@ impl State {
 #[derive(Clone, Debug)]
 pub struct View {
     state: Arc<RwLock<State>>,
+    /// The snapshots paginated lists continue from.
+    pages: Arc<pages::Pages>,
 }
 
 impl View {
@@ -185,7 +189,13 @@ impl View {
                 history_cap: history_cap.max(1),
                 tx,
             })),
+            pages: Arc::default(),
         }
+    }
+
+    /// The snapshots paginated lists continue from.
+    pub fn pages(&self) -> &pages::Pages {
+        &self.pages
     }
 
     fn read(&self) -> RwLockReadGuard<'_, State> {

@@ -404,6 +404,48 @@ async fn a_relist_without_changes_publishes_nothing() {
     assert_eq!(e.view().len(Kind::Service), 1);
 }
 
+/// The link's watchers relist one kind at a time, in any order (each its own `InitStart`,
+/// objects, `InitDone`), and pods, which arrive by every kind's watcher or by fetch, too: a
+/// relist that changes nothing publishes nothing, whatever the order.
+#[tokio::test(start_paused = true)]
+async fn a_relist_kind_by_kind_without_changes_publishes_nothing() {
+    let objects = vec![
+        mk_service("web", true),
+        mk_slice("web", "web-1", &[(1, true), (2, true)]),
+        mk_pod("web-1", "Running"),
+        mk_pod("web-2", "Running"),
+        mk_pod("other", "Running"),
+        mk_service("hidden", false),
+    ];
+    let orders = [
+        [Kind::Service, Kind::EndpointSlice, Kind::Pod],
+        [Kind::Pod, Kind::EndpointSlice, Kind::Service],
+        [Kind::EndpointSlice, Kind::Pod, Kind::Service],
+        [Kind::Service, Kind::Pod, Kind::EndpointSlice],
+    ];
+    for order in orders {
+        let mut e = synced(&mk_spec(), objects.clone());
+        run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+        let rv = e.view().resource_version();
+        for kind in order {
+            let now = Instant::now();
+            e.ingest(Change::InitStart(kind), now);
+            for o in objects.iter().filter(|o| o.key().kind == kind) {
+                e.ingest(Change::Apply(o.clone()), now);
+            }
+            e.ingest(Change::InitDone(kind), now);
+            run(
+                &mut e,
+                Duration::from_millis(300),
+                Duration::from_millis(50),
+            )
+            .await;
+        }
+        run(&mut e, Duration::from_secs(3), Duration::from_millis(100)).await;
+        assert_eq!(e.view().resource_version(), rv, "relisted in {order:?}");
+    }
+}
+
 /// A slice update that keeps pointing at a pod keeps that pod held and served (regression:
 /// releasing the old slice's references first dropped every pod on each slice update).
 #[tokio::test(start_paused = true)]

@@ -7,12 +7,16 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::query::{Query, RvMatch, parse_rv};
 use super::resource::{ResourceDef, table_cells, table_columns};
 use super::status::{Reason, StatusError};
+use crate::churn::object::NsName;
+use crate::view::pages::Items;
 use crate::view::{ResumeError, Stored, View};
 
 /// Lists larger than this are gzipped when the client accepts it (the API server's threshold).
@@ -81,7 +85,13 @@ pub fn selected(stored: &Stored, namespace: Option<&str>, q: &Query) -> bool {
         && q.labels.matches(meta.labels.as_ref())
 }
 
-/// Serves a LIST.
+/// Serves a LIST, whole or one page of it.
+///
+/// `limit` is honoured where the API server reads from etcd: a list of the current state
+/// (`resourceVersion` unset) or of an exact version. A list it serves from its watch cache
+/// (`resourceVersion=0`, or `NotOlderThan` a version) is served whole, as that cache does, so
+/// the fallback list of client-go and Linkerd (`limit=500&resourceVersion=0`) stays one
+/// response. Pages come from the snapshot the first page saw ([`crate::view::pages`]).
 pub fn list(
     view: &View,
     def: &ResourceDef,
@@ -90,21 +100,62 @@ pub fn list(
     render: Render,
     headers: &HeaderMap,
 ) -> Result<Response, StatusError> {
-    let snap = view.list(def.kind);
-    check_list_version(view, q, snap.resource_version)?;
-    let rv = snap.resource_version.to_string();
-    let items: Vec<&Arc<Stored>> = snap
-        .items
+    let (resource_version, all, after) = match q.continue_token.as_deref() {
+        Some(token) => {
+            let t = ContinueToken::decode(token)?;
+            let items = view
+                .pages()
+                .get(def.kind, t.rv)
+                .ok_or_else(continue_expired)?;
+            (t.rv, items, Some(t.after))
+        }
+        None => {
+            let snap = view.list(def.kind);
+            check_list_version(view, q, snap.resource_version)?;
+            (snap.resource_version, Items::from(snap.items), None)
+        }
+    };
+    let start = after.as_ref().map_or(0, |k| {
+        all.partition_point(|s| NsName::of(s.object.meta()) <= *k)
+    });
+    let limit = page_limit(q).unwrap_or(usize::MAX);
+    let mut selected_items = all[start..]
         .iter()
-        .filter(|s| selected(s, namespace, q))
-        .collect();
+        .enumerate()
+        .filter(|(_, s)| selected(s, namespace, q));
+    let mut items: Vec<&Arc<Stored>> = Vec::new();
+    let mut last = start;
+    for (i, s) in selected_items.by_ref().take(limit) {
+        items.push(s);
+        last = start + i;
+    }
+    let more = items.len() == limit && selected_items.next().is_some();
+    let mut meta = json!({ "resourceVersion": resource_version.to_string() });
+    if more {
+        if after.is_none() {
+            view.pages().keep(def.kind, resource_version, all.clone());
+        }
+        let token = ContinueToken {
+            v: TOKEN_VERSION.into(),
+            rv: resource_version,
+            after: NsName::of(all[last].object.meta()),
+        };
+        meta["continue"] = token.encode().into();
+        if q.labels.is_empty() && q.fields.is_empty() {
+            // The objects of the namespace (or all of them) after this page.
+            let end = namespace.map_or(all.len(), |n| {
+                all.partition_point(|s| s.object.meta().namespace.as_deref().unwrap_or("") <= n)
+            });
+            meta["remainingItemCount"] = (end - last - 1).into();
+        }
+    }
     let body: Vec<u8> = match render {
         Render::Full => {
             let size: usize = items.iter().map(|s| s.json.len() + 1).sum();
             let mut b = Vec::with_capacity(size + 256);
             write!(
                 b,
-                r#"{{"kind":"{}","apiVersion":"{}","metadata":{{"resourceVersion":"{rv}"}},"items":["#,
+                r#"{{"kind":"{}","apiVersion":"{}","metadata":{meta},"items":["#,
                 def.list_kind(),
                 def.api_version()
             )
@@ -121,13 +172,82 @@ pub fn list(
         Render::Metadata => serde_json::to_vec(&json!({
             "kind": "PartialObjectMetadataList",
             "apiVersion": "meta.k8s.io/v1",
-            "metadata": { "resourceVersion": rv },
+            "metadata": meta,
             "items": items.iter().map(|s| partial_metadata(s)).collect::<Vec<_>>(),
         }))
         .map_err(internal)?,
-        Render::Table => serde_json::to_vec(&table(def, &items, &rv)).map_err(internal)?,
+        Render::Table => serde_json::to_vec(&table(def, &items, meta)).map_err(internal)?,
     };
     Ok(json_response(StatusCode::OK, body, accepts_gzip(headers)))
+}
+
+/// The page size a list is served with, if it is paginated (see [`list`]).
+fn page_limit(q: &Query) -> Option<usize> {
+    let from_current_state = match q.resource_version.as_deref() {
+        None | Some("") => true,
+        Some(_) => q.rv_match == RvMatch::Exact,
+    };
+    q.limit
+        .filter(|l| *l > 0 && (from_current_state || q.continue_token.is_some()))
+        .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
+}
+
+/// The continue tokens' format version (the API server names it the same way).
+const TOKEN_VERSION: &str = "meta.k8s.io/v1";
+
+/// A page's continue token: the snapshot's version and the last object served, as unpadded
+/// URL-safe base64 of JSON. Clients treat it as opaque.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    v: String,
+    rv: u64,
+    #[serde(with = "ns_name")]
+    after: NsName,
+}
+
+impl ContinueToken {
+    fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    fn decode(token: &str) -> Result<Self, StatusError> {
+        let invalid =
+            |why: String| StatusError::bad_request(format!("invalid continue token: {why}"));
+        let bytes = URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|e| invalid(e.to_string()))?;
+        let t: Self = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if t.v != TOKEN_VERSION {
+            return Err(invalid(format!("unknown version {:?}", t.v)));
+        }
+        Ok(t)
+    }
+}
+
+/// `namespace/name` in a token.
+mod ns_name {
+    use crate::churn::object::NsName;
+
+    pub fn serialize<S: serde::Serializer>(k: &NsName, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{}/{}", k.namespace, k.name))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<NsName, D::Error> {
+        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        let (ns, name) = s
+            .split_once('/')
+            .ok_or_else(|| serde::de::Error::custom("no namespace/name"))?;
+        Ok(NsName::new(ns, name))
+    }
+}
+
+/// 410 for a token whose snapshot is no longer kept.
+fn continue_expired() -> StatusError {
+    StatusError::new(
+        Reason::Expired,
+        "The provided continue parameter is too old to display a consistent list result. \
+         You can start a new list without the continue parameter.",
+    )
 }
 
 /// Serves a GET of one object.
@@ -151,8 +271,8 @@ pub fn get(
         Render::Full => stored.json.to_vec(),
         Render::Metadata => serde_json::to_vec(&partial_metadata(stored)).map_err(internal)?,
         Render::Table => {
-            serde_json::to_vec(&table(def, &[stored], &snap.resource_version.to_string()))
-                .map_err(internal)?
+            let meta = json!({ "resourceVersion": snap.resource_version.to_string() });
+            serde_json::to_vec(&table(def, &[stored], meta)).map_err(internal)?
         }
     };
     Ok(json_response(StatusCode::OK, body, false))
@@ -177,7 +297,7 @@ fn check_list_version(view: &View, q: &Query, current: u64) -> Result<(), Status
     }
 }
 
-fn table(def: &ResourceDef, items: &[&Arc<Stored>], rv: &str) -> Value {
+fn table(def: &ResourceDef, items: &[&Arc<Stored>], meta: Value) -> Value {
     let now = jiff::Timestamp::now();
     let rows: Vec<Value> = items
         .iter()
@@ -188,7 +308,7 @@ fn table(def: &ResourceDef, items: &[&Arc<Stored>], rv: &str) -> Value {
         .collect();
     json!({
         "kind": "Table", "apiVersion": "meta.k8s.io/v1",
-        "metadata": { "resourceVersion": rv },
+        "metadata": meta,
         "columnDefinitions": table_columns(def.kind),
         "rows": rows,
     })

@@ -45,8 +45,11 @@ pub struct Query {
     pub send_initial_events: Option<bool>,
     /// How long a watch lasts (`timeoutSeconds`, bounded).
     pub timeout: Duration,
-    /// `limit` (accepted; lists are served whole, with no `continue`).
+    /// `limit`: the most items in one page of a list read from the current state (see
+    /// [`super::list`] for when it is honoured).
     pub limit: Option<u64>,
+    /// `continue`: the token of the page before, when not empty.
+    pub continue_token: Option<String>,
 }
 
 fn boolean(name: &str, v: &str) -> Result<bool, StatusError> {
@@ -72,6 +75,7 @@ impl Query {
             send_initial_events: None,
             timeout: DEFAULT_WATCH,
             limit: None,
+            continue_token: None,
         };
         for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
             match &*k {
@@ -107,8 +111,9 @@ impl Query {
                         StatusError::bad_request(format!("invalid value for limit: {v:?}"))
                     })?);
                 }
+                "continue" => q.continue_token = Some(v.into_owned()).filter(|t| !t.is_empty()),
                 // `timeout` (client-go's Go duration) is the client's own deadline; `timeoutSeconds`
-                // rules. `continue`, `pretty` and the rest are accepted and ignored.
+                // rules. `pretty` and the rest are accepted and ignored.
                 _ => {}
             }
         }
@@ -140,6 +145,12 @@ impl Query {
                     "sendInitialEvents",
                     "sendInitialEvents is forbidden for list",
                 );
+            }
+            if self.continue_token.is_some() && !rv.is_empty() {
+                // The API server's storage says this with a 400, not a 422.
+                return Err(StatusError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
             }
             return Ok(());
         }
@@ -231,6 +242,7 @@ mod tests {
             ("watch=maybe", 400),
             ("timeoutSeconds=-1", 400),
             ("limit=ten", 400),
+            ("continue=abc&resourceVersion=5", 400),
             ("labelSelector=a%20in", 400),
             ("fieldSelector=spec.nodeName%3Dx", 400),
         ] {

@@ -17,6 +17,11 @@ use super::status::StatusError;
 pub struct LabelFilter(Option<Selector>);
 
 impl LabelFilter {
+    /// True when it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// Parses the query-string form; empty selects everything.
     pub fn parse(s: &str) -> Result<Self, StatusError> {
         if s.trim().is_empty() {
@@ -224,6 +229,11 @@ pub enum Field {
 }
 
 impl FieldFilter {
+    /// True when it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Parses `metadata.name=x,metadata.namespace!=y`.
     pub fn parse(s: &str) -> Result<Self, StatusError> {
         let mut out = Vec::new();

@@ -633,3 +633,4 @@ async fn a_cold_link_answers_503_with_retry_after_and_watches_are_bounded() {
 }
 
 mod fuzz;
+mod pages;

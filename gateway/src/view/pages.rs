@@ -1,0 +1,152 @@
+//! The snapshots paginated lists continue from.
+//!
+//! A LIST with `limit` is served in pages, and every page must come from the state the first
+//! one saw, as the API server serves them from one etcd revision. The view keeps no old states,
+//! so the first page of a paginated list keeps its snapshot here (pointers to the stored
+//! objects, not copies) and its continue token names that snapshot by kind and version. A
+//! snapshot lives for [`SNAPSHOT_TTL`] after its last use and at most [`SNAPSHOTS`] are kept per
+//! view, the oldest evicted first; a token whose snapshot is gone gets 410 Expired, as a token
+//! older than etcd's compaction does, and the client lists again from the start.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Stored;
+use crate::churn::object::Kind;
+
+/// How long a snapshot outlives its last page (the API server's etcd compacts every 5 minutes).
+pub const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
+
+/// Snapshots kept per view. Each is one pointer per object of its kind and keeps the versions
+/// it points to alive, so a flood of paginated lists costs at most this many copies of a
+/// kind's pointers.
+pub const SNAPSHOTS: usize = 16;
+
+/// The objects of one kind at one version, by namespace and name.
+pub type Items = Arc<[Arc<Stored>]>;
+
+struct Entry {
+    kind: Kind,
+    resource_version: u64,
+    used: Instant,
+    items: Items,
+}
+
+/// The snapshots of one view.
+#[derive(Default)]
+pub struct Pages(Mutex<VecDeque<Entry>>);
+
+impl std::fmt::Debug for Pages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pages")
+            .field("snapshots", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Pages {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
+        // Every change below completes before the guard drops.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `items`, the state of `kind` at `resource_version`, for the pages after the first;
+    /// a snapshot of the same kind and version already kept is shared instead.
+    pub fn keep(&self, kind: Kind, resource_version: u64, items: Items) -> Items {
+        let now = Instant::now();
+        let mut e = self.lock();
+        e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
+        if let Some(s) = e
+            .iter_mut()
+            .find(|s| s.kind == kind && s.resource_version == resource_version)
+        {
+            s.used = now;
+            return s.items.clone();
+        }
+        if e.len() >= SNAPSHOTS {
+            e.pop_front();
+        }
+        e.push_back(Entry {
+            kind,
+            resource_version,
+            used: now,
+            items: items.clone(),
+        });
+        items
+    }
+
+    /// The snapshot of `kind` at `resource_version`, if it is still kept.
+    pub fn get(&self, kind: Kind, resource_version: u64) -> Option<Items> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
+        let s = e
+            .iter_mut()
+            .find(|s| s.kind == kind && s.resource_version == resource_version)?;
+        s.used = now;
+        Some(s.items.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(n: usize) -> Items {
+        (0..n)
+            .map(|i| {
+                let o = crate::churn::object::Object::Service(Arc::new(
+                    k8s_openapi::api::core::v1::Service {
+                        metadata: kube::api::ObjectMeta {
+                            name: Some(format!("s{i}")),
+                            namespace: Some("ns".into()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    },
+                ));
+                Arc::new(Stored::new(o, 1))
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_is_shared_found_and_expires() {
+        let pages = Pages::default();
+        let first = pages.keep(Kind::Service, 7, items(3));
+        let again = pages.keep(Kind::Service, 7, items(5));
+        assert_eq!(
+            again.len(),
+            3,
+            "the same kind and version share one snapshot"
+        );
+        assert!(Arc::ptr_eq(&first, &again));
+        assert!(
+            pages.get(Kind::Pod, 7).is_none(),
+            "another kind's version is not it"
+        );
+        tokio::time::advance(SNAPSHOT_TTL - Duration::from_secs(1)).await;
+        assert!(pages.get(Kind::Service, 7).is_some(), "a use keeps it");
+        tokio::time::advance(SNAPSHOT_TTL - Duration::from_secs(1)).await;
+        assert!(pages.get(Kind::Service, 7).is_some());
+        tokio::time::advance(SNAPSHOT_TTL).await;
+        assert!(
+            pages.get(Kind::Service, 7).is_none(),
+            "unused past the TTL, it is gone"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_snapshot_is_evicted_past_the_cap() {
+        let pages = Pages::default();
+        for rv in 0..=SNAPSHOTS as u64 {
+            pages.keep(Kind::Pod, rv, items(1));
+        }
+        assert!(pages.get(Kind::Pod, 0).is_none(), "the oldest went");
+        assert!(pages.get(Kind::Pod, 1).is_some());
+        assert!(pages.get(Kind::Pod, SNAPSHOTS as u64).is_some());
+    }
+}
