@@ -9,13 +9,18 @@ use super::{call, mk_service, shared};
 use crate::view::Change;
 use crate::view::pages::SNAPSHOTS;
 
+/// GET `uri` with the link's token.
+async fn get(router: &axum::Router, uri: &str) -> (StatusCode, Value) {
+    call(router.clone(), "GET", uri, Some("t0k3n"), "").await
+}
+
 /// Follows the continue tokens from `first` to the end: every page's names, its
 /// `remainingItemCount` and the list's resourceVersion.
 async fn pages(router: &axum::Router, first: &str) -> Vec<(Vec<String>, Value, Value)> {
     let mut out = Vec::new();
     let mut uri = first.to_owned();
     loop {
-        let (code, v) = call(router.clone(), "GET", &uri, Some("t0k3n"), "").await;
+        let (code, v) = get(&router, &uri).await;
         assert_eq!(code, StatusCode::OK, "{uri}: {v}");
         let names = v["items"]
             .as_array()
@@ -98,14 +103,7 @@ async fn a_limited_list_is_served_in_pages_that_add_up_to_the_whole() {
 #[tokio::test]
 async fn pages_come_from_the_first_pages_snapshot() {
     let (view, router) = seven();
-    let (_, first) = call(
-        router.clone(),
-        "GET",
-        "/api/v1/services?limit=4",
-        Some("t0k3n"),
-        "",
-    )
-    .await;
+    let (_, first) = get(&router, "/api/v1/services?limit=4").await;
     let token = first["metadata"]["continue"].as_str().expect("a token");
     // The state moves on between the pages: one object gone, one added at the end.
     view.apply([
@@ -115,12 +113,9 @@ async fn pages_come_from_the_first_pages_snapshot() {
         }),
         Change::Upsert(mk_service("zzz", "prod", "new")),
     ]);
-    let (code, rest) = call(
-        router.clone(),
-        "GET",
+    let (code, rest) = get(
+        &router,
         &format!("/api/v1/services?limit=4&continue={token}"),
-        Some("t0k3n"),
-        "",
     )
     .await;
     assert_eq!(code, StatusCode::OK);
@@ -149,7 +144,7 @@ async fn lists_from_the_cache_ignore_limit_and_bad_tokens_are_refused() {
         "/api/v1/services?limit=2&resourceVersion=0",
         "/api/v1/services?limit=0",
     ] {
-        let (code, v) = call(router.clone(), "GET", uri, Some("t0k3n"), "").await;
+        let (code, v) = get(&router, uri).await;
         assert_eq!(code, StatusCode::OK);
         assert_eq!(v["items"].as_array().map(Vec::len), Some(7), "{uri}: whole");
         assert!(v["metadata"]["continue"].is_null());
@@ -158,47 +153,27 @@ async fn lists_from_the_cache_ignore_limit_and_bad_tokens_are_refused() {
         ("not%20base64%21", StatusCode::BAD_REQUEST),
         ("eyJ2IjoxfQ", StatusCode::BAD_REQUEST), // {"v":1}
     ] {
-        let (got, v) = call(
-            router.clone(),
-            "GET",
+        let (got, v) = get(
+            &router,
             &format!("/api/v1/services?limit=2&continue={token}"),
-            Some("t0k3n"),
-            "",
         )
         .await;
         assert_eq!((got, v["kind"].as_str()), (code, Some("Status")), "{token}");
     }
     // Past the cap, the oldest snapshot is dropped: its token is 410 Expired.
-    let (_, first) = call(
-        router.clone(),
-        "GET",
-        "/api/v1/services?limit=2",
-        Some("t0k3n"),
-        "",
-    )
-    .await;
+    let (_, first) = get(&router, "/api/v1/services?limit=2").await;
     let stale = first["metadata"]["continue"]
         .as_str()
         .expect("a token")
         .to_owned();
     for i in 0..SNAPSHOTS {
         view.apply([Change::Upsert(mk_service(&format!("n{i}"), "prod", "x"))]);
-        let (_, v) = call(
-            router.clone(),
-            "GET",
-            "/api/v1/services?limit=2",
-            Some("t0k3n"),
-            "",
-        )
-        .await;
+        let (_, v) = get(&router, "/api/v1/services?limit=2").await;
         assert!(v["metadata"]["continue"].is_string());
     }
-    let (code, v) = call(
-        router.clone(),
-        "GET",
+    let (code, v) = get(
+        &router,
         &format!("/api/v1/services?limit=2&continue={stale}"),
-        Some("t0k3n"),
-        "",
     )
     .await;
     assert_eq!(
