@@ -3,8 +3,11 @@
 //! that no well-behaved client would send.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use floodgate_link_crd::{LinkSpec, LinksFile, NamedLink, RemoteSpec};
+use tokio::process::Command;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -18,6 +21,43 @@ pub fn floodgate_bin() -> PathBuf {
 /// A loopback address nothing listens on right now.
 pub fn free_addr() -> SocketAddr {
     crate::procs::free_addr().expect("a free port")
+}
+
+/// Writes `dir/links.yaml`: one link per `(name, kubeconfig path)`, each with the default spec.
+/// Returns the file's path.
+pub fn write_links_file(dir: &Path, links: &[(&str, &Path)]) -> PathBuf {
+    let file = LinksFile {
+        links: links
+            .iter()
+            .map(|(name, kubeconfig)| NamedLink {
+                name: (*name).to_owned(),
+                spec: LinkSpec::with_remote(RemoteSpec {
+                    kubeconfig_path: Some(kubeconfig.display().to_string()),
+                    ..RemoteSpec::default()
+                }),
+            })
+            .collect(),
+    };
+    let path = dir.join("links.yaml");
+    let yaml = serde_yaml::to_string(&file).expect("a links file encodes");
+    std::fs::write(&path, yaml).expect("the links file is written");
+    path
+}
+
+/// `floodgate run` with its links file, state directory, facade and admin addresses (gRPC on a
+/// free port), killed when dropped. The caller adds flags, environment and stdio, then spawns.
+pub fn run_command(config: &Path, state: &Path, facade: SocketAddr, admin: SocketAddr) -> Command {
+    let mut c = Command::new(floodgate_bin());
+    c.arg("run")
+        .arg("--config")
+        .arg(config)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--listen", &facade.to_string()])
+        .args(["--admin-listen", &admin.to_string()])
+        .args(["--grpc-listen", &free_addr().to_string()])
+        .kill_on_drop(true);
+    c
 }
 
 /// A field of `/proc/<pid>/status` in KiB (`VmHWM`: peak resident memory; `VmRSS`: now).

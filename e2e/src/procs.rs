@@ -89,23 +89,16 @@ impl Floodgate {
         std::fs::write(dir.join("links.yaml"), serde_yaml::to_string(&links)?)?;
         let admin_token = "demo-admin-token".to_owned();
         std::fs::write(dir.join("admin-token"), &admin_token)?;
-        let (admin, facade, grpc) = (free_addr()?, free_addr()?, free_addr()?);
+        let (admin, facade) = (free_addr()?, free_addr()?);
         let state = dir.join("state");
-        let child = Command::new(sibling_bin("floodgate")?)
-            .arg("run")
-            .arg("--config")
-            .arg(dir.join("links.yaml"))
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--listen", &facade.to_string()])
-            .args(["--admin-listen", &admin.to_string()])
-            .args(["--grpc-listen", &grpc.to_string()])
+        // Named first so a missing binary is an error here, not a panic in run_command.
+        sibling_bin("floodgate")?;
+        let child = crate::process::run_command(&dir.join("links.yaml"), &state, facade, admin)
             .arg("--admin-token-file")
             .arg(dir.join("admin-token"))
             .env("FLOODGATE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("floodgate.log"))?)
-            .kill_on_drop(true)
             .spawn()
             .context("starting floodgate")?;
         let mut fg = Self {

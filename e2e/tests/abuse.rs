@@ -15,13 +15,15 @@ use std::time::Duration;
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::process::{floodgate_bin, free_addr, open_fds, proc_status_kib, raw};
+use floodgate_e2e::process::{
+    free_addr, open_fds, proc_status_kib, raw, run_command, write_links_file,
+};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 struct Gateway {
     child: Child,
@@ -59,30 +61,13 @@ async fn start(bulk: usize, args: &[&str]) -> Gateway {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("remote.kubeconfig");
     std::fs::write(&kubeconfig, sim.kubeconfig()).expect("kubeconfig");
-    let links: String = ["east", "west"]
-        .iter()
-        .map(|l| {
-            format!(
-                "- name: {l}\n  spec:\n    remote:\n      kubeconfigPath: {}\n",
-                kubeconfig.display()
-            )
-        })
-        .collect();
-    std::fs::write(dir.path().join("links.yaml"), format!("links:\n{links}")).expect("links");
+    let links = write_links_file(dir.path(), &[("east", &kubeconfig), ("west", &kubeconfig)]);
     let (facade, admin) = (free_addr(), free_addr());
     let state = dir.path().join("state");
-    let child = Command::new(floodgate_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(dir.path().join("links.yaml"))
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["--insecure-http", "--listen", &facade.to_string()])
-        .args(["--admin-listen", &admin.to_string()])
-        .args(["--grpc-listen", &free_addr().to_string()])
+    let child = run_command(&links, &state, facade, admin)
+        .arg("--insecure-http")
         .args(args)
         .env("FLOODGATE_LOG", "warn")
-        .kill_on_drop(true)
         .spawn()
         .expect("floodgate starts");
     until(60, "both links sync", async || {

@@ -11,14 +11,14 @@ use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::client_from;
-use floodgate_e2e::process::{floodgate_bin, free_addr};
+use floodgate_e2e::process::{free_addr, run_command, write_links_file};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const ADMIN_TOKEN: &str = "s5-admin-token";
 
@@ -29,22 +29,10 @@ struct Gateway {
 }
 
 fn start(dir: &Path, admin: SocketAddr, facade: SocketAddr) -> Gateway {
-    let child = Command::new(floodgate_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(dir.join("links.yaml"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--listen")
-        .arg(facade.to_string())
-        .arg("--admin-listen")
-        .arg(admin.to_string())
-        .arg("--grpc-listen")
-        .arg(free_addr().to_string())
+    let child = run_command(&dir.join("links.yaml"), &dir.join("state"), facade, admin)
         .arg("--admin-token-file")
         .arg(dir.join("admin-token"))
         .env("FLOODGATE_LOG", "warn")
-        .kill_on_drop(true)
         .spawn()
         .expect("floodgate starts");
     Gateway {
@@ -105,14 +93,7 @@ async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
     let dir = tmp.path();
     std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
     std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token");
-    std::fs::write(
-        dir.join("links.yaml"),
-        format!(
-            "links:\n- name: east\n  spec:\n    remote:\n      kubeconfigPath: {}\n",
-            dir.join("remote.kubeconfig").display()
-        ),
-    )
-    .expect("links file");
+    write_links_file(dir, &[("east", &dir.join("remote.kubeconfig"))]);
     let state = dir.join("state");
     let (admin_addr, facade) = (free_addr(), free_addr());
 

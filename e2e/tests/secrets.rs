@@ -9,10 +9,9 @@ use base64::Engine as _;
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::process::{floodgate_bin, free_addr};
+use floodgate_e2e::process::{free_addr, run_command, write_links_file};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
-use tokio::process::Command;
 
 const REMOTE_TOKEN: &str = "remote-bearer-SECRET-7f3a9c";
 const CLIENT_KEY: &str = "client-key-SECRET-91c2d4";
@@ -44,33 +43,22 @@ async fn no_secret_reaches_logs_metrics_config_or_error_bodies() {
     );
     std::fs::write(p.join("west.kubeconfig"), west).expect("kubeconfig");
     std::fs::write(p.join("admin-token"), ADMIN_TOKEN).expect("admin token");
-    let links: String = ["east", "west"]
-        .iter()
-        .map(|l| {
-            format!(
-                "- name: {l}\n  spec:\n    remote:\n      kubeconfigPath: {}\n",
-                p.join(format!("{l}.kubeconfig")).display()
-            )
-        })
-        .collect();
-    std::fs::write(p.join("links.yaml"), format!("links:\n{links}")).expect("links");
+    let links = write_links_file(
+        p,
+        &[
+            ("east", &p.join("east.kubeconfig")),
+            ("west", &p.join("west.kubeconfig")),
+        ],
+    );
     let (facade, admin_addr) = (free_addr(), free_addr());
     let state = p.join("state");
-    let child = Command::new(floodgate_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(p.join("links.yaml"))
-        .arg("--state-dir")
-        .arg(&state)
+    let child = run_command(&links, &state, facade, admin_addr)
         .arg("--admin-token-file")
         .arg(p.join("admin-token"))
-        .args(["--insecure-http", "--listen", &facade.to_string()])
-        .args(["--admin-listen", &admin_addr.to_string()])
-        .args(["--grpc-listen", &free_addr().to_string()])
+        .arg("--insecure-http")
         .env("FLOODGATE_LOG", "debug")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("floodgate starts");
 

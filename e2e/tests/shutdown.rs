@@ -13,6 +13,7 @@ use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::client_from;
+use floodgate_e2e::process::{free_addr, run_command, write_links_file};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
 use futures_util::StreamExt;
@@ -21,29 +22,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
-
-/// The `floodgate` binary cargo built beside this test (as in `restart.rs`).
-fn floodgate_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/..");
-    let bin = dir.join("floodgate");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p floodgate` (make test does)",
-        bin.display()
-    );
-    bin
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address")
-}
 
 struct Gateway {
     child: Child,
@@ -55,30 +35,11 @@ struct Gateway {
 /// Writes the links file for `sim` into `dir` and starts `floodgate run` with `extra` flags.
 fn start(dir: &Path, sim: &RunningSim, extra: &[&str]) -> Gateway {
     std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
-    std::fs::write(
-        dir.join("links.yaml"),
-        format!(
-            "links:\n- name: east\n  spec:\n    remote:\n      kubeconfigPath: {}\n",
-            dir.join("remote.kubeconfig").display()
-        ),
-    )
-    .expect("links file");
+    let links = write_links_file(dir, &[("east", &dir.join("remote.kubeconfig"))]);
     let (admin, facade, state) = (free_addr(), free_addr(), dir.join("state"));
-    let child = Command::new(floodgate_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(dir.join("links.yaml"))
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--listen")
-        .arg(facade.to_string())
-        .arg("--admin-listen")
-        .arg(admin.to_string())
-        .arg("--grpc-listen")
-        .arg(free_addr().to_string())
+    let child = run_command(&links, &state, facade, admin)
         .args(extra)
         .env("FLOODGATE_LOG", "info")
-        .kill_on_drop(true)
         .spawn()
         .expect("floodgate starts");
     Gateway {

@@ -20,7 +20,7 @@ async fn pages(router: &axum::Router, first: &str) -> Vec<(Vec<String>, Value, V
     let mut out = Vec::new();
     let mut uri = first.to_owned();
     loop {
-        let (code, v) = get(&router, &uri).await;
+        let (code, v) = get(router, &uri).await;
         assert_eq!(code, StatusCode::OK, "{uri}: {v}");
         let names = v["items"]
             .as_array()
