@@ -85,6 +85,9 @@ pub(super) async fn run(
     let mut fetches = JoinSet::new();
     let mut next_wake: Option<Instant> = None;
     let mut transitions = 0;
+    // An operator's answer waits until its transition's effects are carried out and the new
+    // state is published: whoever reads the link after a 200 sees what the 200 said.
+    let mut answer = None;
     loop {
         publish_state(&engine, &counters, remote.is_some(), transitions, &out);
         let far = Instant::now() + Duration::from_secs(3600);
@@ -112,7 +115,7 @@ pub(super) async fn run(
                     }
                 };
                 // The transition's effects are carried out below with the engine's others.
-                let _ = reply.send(result);
+                answer = Some((reply, result));
             }
             r = &mut connecting, if remote.is_none() => {
                 tracing::info!(servers = r.has_servers, "connected to the remote");
@@ -182,6 +185,10 @@ pub(super) async fn run(
                     }
                 }
             }
+        }
+        if let Some((reply, result)) = answer.take() {
+            publish_state(&engine, &counters, remote.is_some(), transitions, &out);
+            let _ = reply.send(result);
         }
     }
     drop(upstream);
