@@ -25,6 +25,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Child;
 
+/// A well-behaved consumer's LIST must stay under this at p99 while 10,000 hostile connections
+/// are open (a LIST of this link takes a few milliseconds when nothing else happens).
+const LATENCY_BOUND: Duration = Duration::from_secs(1);
+
+/// The median and the 99th percentile of `times`.
+fn percentiles(mut times: Vec<Duration>) -> (Duration, Duration) {
+    times.sort();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
 struct Gateway {
     child: Child,
     facade: SocketAddr,
@@ -399,12 +410,14 @@ async fn ten_thousand_connections_slowloris_and_stuck_watchers_keep_memory_bound
     let pid = g.pid();
     let baseline_kib = proc_status_kib(pid, "VmRSS").unwrap_or(0);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = {
-        let (stop, facade, token) = (stop.clone(), g.facade, g.east.clone());
-        tokio::spawn(async move {
-            let mut answered = 0u32;
-            while !stop.load(Ordering::Relaxed) {
+    // A well-behaved consumer LISTs every 100 ms, before the abuse and during it; each LIST's
+    // time is kept.
+    let list_once = {
+        let (facade, token) = (g.facade, g.east.clone());
+        move || {
+            let token = token.clone();
+            async move {
+                let started = tokio::time::Instant::now();
                 let call = admin::call_text(
                     facade,
                     "GET",
@@ -413,12 +426,27 @@ async fn ten_thousand_connections_slowloris_and_stuck_watchers_keep_memory_bound
                     "",
                 );
                 match tokio::time::timeout(Duration::from_secs(30), call).await {
-                    Ok(Ok((200, _))) => answered += 1,
+                    Ok(Ok((200, _))) => started.elapsed(),
                     other => panic!("the consumer's LIST failed or took over 30 s: {other:?}"),
                 }
+            }
+        }
+    };
+    let mut before = Vec::new();
+    for _ in 0..30 {
+        before.push(list_once().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut during = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                during.push(list_once().await);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            answered
+            during
         })
     };
 
@@ -482,14 +510,24 @@ async fn ten_thousand_connections_slowloris_and_stuck_watchers_keep_memory_bound
     );
 
     stop.store(true, Ordering::Relaxed);
-    let answered = consumer.await.expect("the consumer");
+    let during = consumer.await.expect("the consumer");
+    let answered = during.len();
     assert!(answered > 0, "the consumer got answers during the abuse");
     drop(stuck);
     let peak_kib = proc_status_kib(pid, "VmHWM").expect("VmHWM");
+    let (p50_before, p99_before) = percentiles(before);
+    let (p50, p99) = percentiles(during);
     println!(
         "floodgate: RSS before the abuse {} MiB, peak {} MiB; {peak_fds} fds at most; the consumer's {answered} LISTs all answered",
         baseline_kib / 1024,
         peak_kib / 1024
+    );
+    println!(
+        "the consumer's LIST latency: before the abuse p50 {p50_before:?}, p99 {p99_before:?}; during it p50 {p50:?}, p99 {p99:?}"
+    );
+    assert!(
+        p99 < LATENCY_BOUND,
+        "the consumer's p99 during the abuse, {p99:?}, is under {LATENCY_BOUND:?}"
     );
     assert!(
         peak_kib < 1024 * 1024,
