@@ -141,6 +141,13 @@ impl Rig {
         self.store().view().resource_version()
     }
 
+    /// Resident and peak memory (KiB) of the direct consumer, the one behind Floodgate, and
+    /// Floodgate.
+    fn memory(&self) -> [(u64, u64); 3] {
+        [self.direct.pid(), self.via.pid(), self.floodgate.pid()]
+            .map(|pid| pid.and_then(memory_kib).unwrap_or_default())
+    }
+
     async fn stop(self) -> anyhow::Result<()> {
         self.direct.stop().await?;
         self.via.stop().await?;
@@ -184,10 +191,6 @@ async fn start(dir: &Path, plan: &Plan) -> anyhow::Result<Rig> {
 fn converged(s: &ConsumerStats, exported: bool) -> bool {
     let services = CALM.len() as u64 + u64::from(exported);
     s.services == services && s.slices == services && s.pods == 3 * services
-}
-
-fn rss(pid: Option<u32>) -> (u64, u64) {
-    pid.and_then(memory_kib).unwrap_or_default()
 }
 
 /// Who watches a run.
@@ -276,14 +279,15 @@ async fn drive(
                     .or(Some(now_ms()));
             }
             let (d, v) = (rig.direct.stats(), rig.via.stats());
+            let [direct_mem, via_mem, floodgate_mem] = rig.memory();
             let sample = Sample {
                 t: tick / ticks_per_sec,
                 upstream_events: upstream_second,
                 direct_events: d.events - direct0,
                 via_events: v.events - via0,
-                direct_rss_kib: rss(rig.direct.pid()).0,
-                via_rss_kib: rss(rig.via.pid()).0,
-                floodgate_rss_kib: rss(rig.floodgate.pid()).0,
+                direct_rss_kib: direct_mem.0,
+                via_rss_kib: via_mem.0,
+                floodgate_rss_kib: floodgate_mem.0,
                 phase: phase.clone(),
             };
             upstream_total += upstream_second;
@@ -336,13 +340,14 @@ async fn drive(
     };
     let via_staleness_ms = staleness(&v.seen, true);
     let followed = calm_made.iter().filter(|s| following(**s)).count();
+    let peaks = rig.memory();
     Ok(Outcome {
         upstream_events: upstream_total,
         direct_events: d.events - direct0,
         via_events: v.events - via0,
-        direct_peak_kib: rss(rig.direct.pid()).1,
-        via_peak_kib: rss(rig.via.pid()).1,
-        floodgate_peak_kib: rss(rig.floodgate.pid()).1,
+        direct_peak_kib: peaks[0].1,
+        via_peak_kib: peaks[1].1,
+        floodgate_peak_kib: peaks[2].1,
         via_missed: followed - via_staleness_ms.len(),
         via_staleness_ms,
         direct_staleness_ms: staleness(&d.seen, false),

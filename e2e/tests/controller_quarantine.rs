@@ -66,6 +66,18 @@ async fn a_recorded_quarantine_is_honoured_after_a_restart() {
     replica.stop().await;
 }
 
+/// Waits until the controller's loops have gone round: twenty more requests to the local
+/// cluster.
+async fn loops_go_round(local: &RunningLocal) {
+    let n = local.store.requests();
+    until(
+        10,
+        "b's loops go round (twenty more requests)",
+        async || local.store.requests() >= n + 20,
+    )
+    .await;
+}
+
 /// A replica that does not hold the Lease follows the holder's decisions as the status records
 /// them: quarantined while `status.quarantine` is set (the remote's new service does not reach
 /// its view), released when the holder clears it (the view converges). The holder is played by
@@ -120,22 +132,10 @@ async fn a_replica_without_the_lease_follows_the_recorded_quarantine() {
     )
     .await;
     // Status ticks pass (b reads the record and quarantines its link).
-    let n = local.store.requests();
-    until(
-        10,
-        "b's loops go round (twenty more requests)",
-        async || local.store.requests() >= n + 20,
-    )
-    .await;
+    loops_go_round(&local).await;
     cluster.add_service("api", true);
     cluster.scale("api", 1, true);
-    let n = local.store.requests();
-    until(
-        10,
-        "b's loops go round (twenty more requests)",
-        async || local.store.requests() >= n + 20,
-    )
-    .await;
+    loops_go_round(&local).await;
     assert_eq!(
         service_names(&consumer).await,
         Some(["web"].map(String::from).into()),

@@ -59,6 +59,19 @@ struct Inner {
     compacted: u64,
 }
 
+impl Inner {
+    /// The key and the current state of an object that must exist (404 otherwise).
+    fn existing(&self, resource: usize, ns: &str, name: &str) -> Result<(Key, Value), StatusError> {
+        let key = (resource, ns.to_owned(), name.to_owned());
+        let current = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| StatusError::not_found(RESOURCES[resource].plural, name))?;
+        Ok((key, current))
+    }
+}
+
 /// How a patch body is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchKind {
@@ -293,12 +306,7 @@ impl LocalStore {
     ) -> Result<Value, StatusError> {
         let r = &RESOURCES[resource];
         let mut g = self.lock();
-        let key = (resource, ns.to_owned(), name.to_owned());
-        let current = g
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| StatusError::not_found(r.plural, name))?;
+        let (key, current) = Inner::existing(&g, resource, ns, name)?;
         let wanted = change(&current)?;
         if !wanted.is_object() {
             return Err(StatusError::bad_request("the object is not a JSON object"));
@@ -403,14 +411,8 @@ impl LocalStore {
 
     /// DELETE.
     pub fn delete(&self, resource: usize, ns: &str, name: &str) -> Result<Value, StatusError> {
-        let r = &RESOURCES[resource];
         let mut g = self.lock();
-        let key = (resource, ns.to_owned(), name.to_owned());
-        let current = g
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| StatusError::not_found(r.plural, name))?;
+        let (key, current) = Inner::existing(&g, resource, ns, name)?;
         Ok(Self::commit(&mut g, self, key, "DELETED", current))
     }
 

@@ -181,14 +181,16 @@ pub fn list(
     Ok(json_response(StatusCode::OK, body, accepts_gzip(headers)))
 }
 
-/// The page size a list is served with, if it is paginated (see [`list`]).
+/// The page size a list is served with, if it is paginated (see [`list`]). A `continue` comes
+/// without `resourceVersion` ([`Query::parse`] refuses both), so it is a read of the current
+/// state too.
 fn page_limit(q: &Query) -> Option<usize> {
     let from_current_state = match q.resource_version.as_deref() {
         None | Some("") => true,
         Some(_) => q.rv_match == RvMatch::Exact,
     };
     q.limit
-        .filter(|l| *l > 0 && (from_current_state || q.continue_token.is_some()))
+        .filter(|l| *l > 0 && from_current_state)
         .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
 }
 

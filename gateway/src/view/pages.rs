@@ -53,18 +53,24 @@ impl Pages {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Drops the snapshots past their TTL, then finds the one of `kind` at `resource_version`
+    /// and marks it used.
+    fn find(e: &mut VecDeque<Entry>, kind: Kind, resource_version: u64) -> Option<Items> {
+        let now = Instant::now();
+        e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
+        let s = e
+            .iter_mut()
+            .find(|s| s.kind == kind && s.resource_version == resource_version)?;
+        s.used = now;
+        Some(s.items.clone())
+    }
+
     /// Keeps `items`, the state of `kind` at `resource_version`, for the pages after the first;
     /// a snapshot of the same kind and version already kept is shared instead.
     pub fn keep(&self, kind: Kind, resource_version: u64, items: Items) -> Items {
-        let now = Instant::now();
         let mut e = self.lock();
-        e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
-        if let Some(s) = e
-            .iter_mut()
-            .find(|s| s.kind == kind && s.resource_version == resource_version)
-        {
-            s.used = now;
-            return s.items.clone();
+        if let Some(kept) = Self::find(&mut e, kind, resource_version) {
+            return kept;
         }
         if e.len() >= SNAPSHOTS {
             e.pop_front();
@@ -72,7 +78,7 @@ impl Pages {
         e.push_back(Entry {
             kind,
             resource_version,
-            used: now,
+            used: Instant::now(),
             items: items.clone(),
         });
         items
@@ -80,14 +86,7 @@ impl Pages {
 
     /// The snapshot of `kind` at `resource_version`, if it is still kept.
     pub fn get(&self, kind: Kind, resource_version: u64) -> Option<Items> {
-        let now = Instant::now();
-        let mut e = self.lock();
-        e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
-        let s = e
-            .iter_mut()
-            .find(|s| s.kind == kind && s.resource_version == resource_version)?;
-        s.used = now;
-        Some(s.items.clone())
+        Self::find(&mut self.lock(), kind, resource_version)
     }
 }
 
