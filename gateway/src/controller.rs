@@ -26,7 +26,7 @@ use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, Resource as _, ResourceExt as _};
 use tokio::net::TcpListener;
@@ -243,7 +243,7 @@ pub async fn serve(
                         .get(&change.link)
                         .map(|r| r.handle.state.borrow().message.clone())
                         .or_else(|| blocked.get(&change.link).map(|b| b.message.clone()));
-                    record_phase(&recorder, &link, &change, note);
+                    writer::record_event(&recorder, &link, &change, note);
                 }
                 continue;
             }
@@ -298,33 +298,6 @@ pub async fn serve(
         let _ = r.stop.send(true);
     }
     Ok(())
-}
-
-/// Records a phase change as an Event on the Link (off the loop: the API call may be slow).
-fn record_phase(
-    recorder: &Recorder,
-    link: &Link,
-    change: &writer::PhaseChange,
-    note: Option<String>,
-) {
-    let ev = Event {
-        type_: if change.to == Phase::Healthy {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        },
-        reason: change.to.as_str().to_owned(),
-        note: note.filter(|n| !n.is_empty()),
-        action: "PhaseChange".into(),
-        secondary: None,
-    };
-    let reference = link.object_ref(&());
-    let recorder = recorder.clone();
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&ev, &reference).await {
-            tracing::warn!(error = %e, "cannot record an Event");
-        }
-    });
 }
 
 /// Non-holders follow the quarantine the holder recorded in status: quarantine when it says

@@ -12,8 +12,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use floodgate_link_crd::{LinkStatus, Phase};
+use floodgate_link_crd::{Link, LinkStatus, Phase};
 use futures_util::future::BoxFuture;
+use kube::Resource as _;
+use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -166,6 +168,28 @@ pub async fn run_reporting(
             }
         }
     }
+}
+
+/// Records a phase change as an Event on the Link (off the loop: the API call may be slow).
+pub fn record_event(recorder: &Recorder, link: &Link, change: &PhaseChange, note: Option<String>) {
+    let ev = Event {
+        type_: if change.to == Phase::Healthy {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        reason: change.to.as_str().to_owned(),
+        note: note.filter(|n| !n.is_empty()),
+        action: "PhaseChange".into(),
+        secondary: None,
+    };
+    let reference = link.object_ref(&());
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %e, "cannot record an Event");
+        }
+    });
 }
 
 #[cfg(test)]
