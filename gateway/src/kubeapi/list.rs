@@ -100,19 +100,24 @@ pub fn list(
     render: Render,
     headers: &HeaderMap,
 ) -> Result<Response, StatusError> {
-    let (resource_version, all, after) = match q.continue_token.as_deref() {
+    // A first page lists the current state, and copies it into a kept snapshot only when
+    // more pages follow; later pages read the kept one.
+    let (kept, fresh): (Items, Vec<Arc<Stored>>);
+    let (resource_version, all, after): (u64, &[Arc<Stored>], _) = match q.continue_token.as_deref()
+    {
         Some(token) => {
             let t = ContinueToken::decode(token)?;
-            let items = view
+            kept = view
                 .pages()
                 .get(def.kind, t.rv)
                 .ok_or_else(continue_expired)?;
-            (t.rv, items, Some(t.after))
+            (t.rv, &kept, Some(t.after))
         }
         None => {
             let snap = view.list(def.kind);
             check_list_version(view, q, snap.resource_version)?;
-            (snap.resource_version, Items::from(snap.items), None)
+            fresh = snap.items;
+            (snap.resource_version, &fresh, None)
         }
     };
     let start = after.as_ref().map_or(0, |k| {
@@ -133,7 +138,8 @@ pub fn list(
     let mut meta = json!({ "resourceVersion": resource_version.to_string() });
     if more {
         if after.is_none() {
-            view.pages().keep(def.kind, resource_version, all.clone());
+            view.pages()
+                .keep(def.kind, resource_version, Items::from(all));
         }
         let token = ContinueToken {
             v: TOKEN_VERSION.into(),
