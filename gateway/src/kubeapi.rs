@@ -12,6 +12,7 @@ pub mod list;
 pub mod query;
 pub mod resource;
 pub mod review;
+mod route;
 pub mod selector;
 pub mod serve;
 pub mod status;
@@ -23,7 +24,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -31,9 +31,8 @@ use serde::Serialize;
 use serde_json::Value;
 use subtle::ConstantTimeEq;
 
-use self::list::{json_response, negotiate};
-use self::query::Query;
 use self::resource::{RESOURCES, ResourceDef};
+use self::route::{not_found_path, serve};
 use self::status::{Reason, StatusError};
 use crate::view::View;
 
@@ -371,215 +370,6 @@ async fn links_handler<S: ApiStore>(State(links): State<Arc<Links<S>>>, req: Req
     }
     let sub = format!("/{}", sub.trim_start_matches('/'));
     serve(&api, &sub, req).await
-}
-
-fn not_found_path() -> StatusError {
-    StatusError::new(
-        Reason::NotFound,
-        "the server could not find the requested resource",
-    )
-}
-
-/// Where a request goes.
-#[derive(Debug, PartialEq, Eq)]
-enum Target<'a> {
-    Version,
-    Api,
-    Apis,
-    GroupVersion(&'a str, &'a str),
-    Review,
-    Events,
-    Resource {
-        def: &'static ResourceDef,
-        namespace: Option<&'a str>,
-        name: Option<&'a str>,
-    },
-    NotFound,
-}
-
-fn route(path: &str) -> Target<'_> {
-    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let (group, version, rest) = match segs.as_slice() {
-        ["version"] => return Target::Version,
-        ["api"] => return Target::Api,
-        ["apis"] => return Target::Apis,
-        ["api", v] => return Target::GroupVersion("", v),
-        ["apis", g, v] => return Target::GroupVersion(g, v),
-        [
-            "apis",
-            "authorization.k8s.io",
-            "v1",
-            "selfsubjectaccessreviews",
-        ] => return Target::Review,
-        ["api", v, rest @ ..] => ("", *v, rest),
-        ["apis", g, v, rest @ ..] => (*g, *v, rest),
-        _ => return Target::NotFound,
-    };
-    let (namespace, plural, name) = match rest {
-        [plural] => (None, *plural, None),
-        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
-        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-        _ => return Target::NotFound,
-    };
-    if plural == "events" && matches!((group, version), ("", "v1") | ("events.k8s.io", "v1")) {
-        return Target::Events;
-    }
-    match ResourceDef::find(group, version, plural) {
-        Some(def) => Target::Resource {
-            def,
-            namespace,
-            name,
-        },
-        None => Target::NotFound,
-    }
-}
-
-/// Serves one authenticated request; `path` is relative to the API's root.
-async fn serve<S: ApiStore>(api: &Api<S>, path: &str, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(b) => b,
-        Err(_) => {
-            return StatusError::new(
-                Reason::RequestEntityTooLarge,
-                format!("request body over {MAX_BODY} bytes"),
-            )
-            .into_response();
-        }
-    };
-    let query = parts.uri.query().unwrap_or_default();
-    match dispatch(api, &parts.method, path, query, &parts.headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn dispatch<S: ApiStore>(
-    api: &Api<S>,
-    method: &Method,
-    path: &str,
-    raw_query: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, StatusError> {
-    let store = &api.store;
-    if let Some(e) = store.fault() {
-        return Err(e);
-    }
-    let served = store.served();
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let read = method == Method::GET || method == Method::HEAD;
-    let json = |v: Value, code: StatusCode| json_response(code, v.to_string().into_bytes(), false);
-    match route(path) {
-        Target::NotFound => Err(not_found_path()),
-        Target::Version if read => Ok(json(store.version(), StatusCode::OK)),
-        Target::Api if read => Ok(json(resource::api_versions(), StatusCode::OK)),
-        Target::Apis if read => Ok(json(resource::api_group_list(&served), StatusCode::OK)),
-        Target::GroupVersion(g, v) if read => resource::resource_list(g, v, &served)
-            .map(|v| json(v, StatusCode::OK))
-            .ok_or_else(not_found_path),
-        Target::Review if method == Method::POST => {
-            let attrs = review::parse(&body, content_type).map_err(|e| {
-                if content_type.is_empty()
-                    || content_type.contains("json")
-                    || content_type.contains("protobuf")
-                {
-                    e
-                } else {
-                    review::unsupported(content_type)
-                }
-            })?;
-            Ok(json(review::answer(&attrs, &served), StatusCode::CREATED))
-        }
-        Target::Events if method == Method::POST => {
-            let mut event: Value = serde_json::from_slice(&body)
-                .map_err(|e| StatusError::bad_request(format!("invalid JSON Event: {e}")))?;
-            bump(&api.counters.events_discarded);
-            if event["metadata"]["name"].as_str().is_none_or(str::is_empty) {
-                let prefix = event["metadata"]["generateName"]
-                    .as_str()
-                    .unwrap_or("event-")
-                    .to_owned();
-                let n = api.counters.events_discarded.load(Ordering::Relaxed);
-                event["metadata"]["name"] = format!("{prefix}{n:x}").into();
-            }
-            event["metadata"]["resourceVersion"] =
-                store.view().resource_version().to_string().into();
-            Ok(json(event, StatusCode::CREATED))
-        }
-        Target::Resource {
-            def,
-            namespace,
-            name,
-        } => {
-            if !served.contains(&def) {
-                return Err(not_found_path());
-            }
-            if !read {
-                let w = Write {
-                    method,
-                    def,
-                    namespace,
-                    name,
-                    content_type,
-                    body: &body,
-                };
-                let (code, v) = store.write(w)?;
-                bump(&api.counters.writes);
-                return Ok(json(v, code));
-            }
-            wait_ready(store, api.limits.cold_wait).await?;
-            let q = Query::parse(raw_query)?;
-            let render = negotiate(headers)?;
-            if q.watch {
-                let Ok(slot) = api.watch_slots.clone().try_acquire_owned() else {
-                    return Err(StatusError {
-                        details: Some(serde_json::json!({ "retryAfterSeconds": 1 })),
-                        ..StatusError::new(
-                            Reason::TooManyRequests,
-                            format!(
-                                "too many open watches on this link (at most {})",
-                                api.limits.max_watches
-                            ),
-                        )
-                    });
-                };
-                let resp = watch::watch(store.view(), def, namespace, name, q, render, slot)?;
-                // Counted once the watcher is subscribed: a test that waits for the count knows
-                // every later change reaches it.
-                bump(&api.counters.watches);
-                return Ok(resp);
-            }
-            match name {
-                Some(name) => {
-                    bump(&api.counters.gets);
-                    list::get(store.view(), def, namespace, name, render)
-                }
-                None => {
-                    bump(&api.counters.lists);
-                    list::list(store.view(), def, namespace, &q, render, headers)
-                }
-            }
-        }
-        _ => Err(StatusError::new(
-            Reason::MethodNotAllowed,
-            format!("{method} is not allowed on {path}"),
-        )),
-    }
-}
-
-async fn wait_ready<S: ApiStore>(store: &S, wait: Duration) -> Result<(), StatusError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        match store.ready() {
-            Ok(()) => return Ok(()),
-            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
 }
 
 /// Serves `router` on `listener` over plain HTTP until `shutdown` completes. (TLS serving
