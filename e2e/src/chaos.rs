@@ -34,6 +34,10 @@ pub struct Faults {
     /// Watch event frames (ADDED, MODIFIED, DELETED) still to replace by one a client cannot
     /// decode: alternately JSON that is no watch event, and no JSON at all.
     pub malformed_frames: AtomicUsize,
+    /// Pod watch event frames still to pass on with the pod's `spec` replaced by a string:
+    /// valid JSON, of the wrong shape for a pod. (The frame is written back with its keys
+    /// sorted, so its `object` comes before its `type`.)
+    pub wrong_shape_pod_frames: AtomicUsize,
     /// Watch streams still to cut in the middle of their next event frame (half the line, then
     /// the end of the response).
     pub truncated_frames: AtomicUsize,
@@ -46,6 +50,8 @@ pub struct Faults {
     pub strip_limit: AtomicBool,
     /// Frames malformed so far.
     pub malformed: AtomicU64,
+    /// Frames given the wrong shape so far.
+    pub wrong_shaped: AtomicU64,
     /// Frames cut so far.
     pub truncated: AtomicU64,
     /// Responses hanging so far.
@@ -269,6 +275,15 @@ fn judge(line: Bytes, faults: &Faults) -> Verdict {
             b"this is not JSON at all\n"
         };
         return Verdict::Pass(Bytes::from_static(bad));
+    }
+    let pod = line.windows(12).any(|w| w == b"\"kind\":\"Pod\"");
+    if pod && take(&faults.wrong_shape_pod_frames) {
+        let mut event: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
+        event["object"]["spec"] = "this is not a spec".into();
+        let mut bad = event.to_string().into_bytes();
+        bad.push(b'\n');
+        faults.wrong_shaped.fetch_add(1, Ordering::Relaxed);
+        return Verdict::Pass(Bytes::from(bad));
     }
     Verdict::Pass(line)
 }

@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use floodgate::churn::object::{Kind, NsName, ObjKey, Object};
+use floodgate::churn::object::{Kind, NsName, ObjKey};
 use floodgate::kubeapi::ApiStore;
 use floodgate::kubeapi::status::{Reason, StatusError};
 use floodgate_e2e::chaos::{ChaosStack, PlainSim, REMOTE_TOKEN};
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::Stack;
 use floodgate_e2e::logs::Logs;
-use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::sim::{SimStore, decode};
 use floodgate_e2e::until;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, ListParams};
 
 /// The annotation tests change to make a remote object move.
@@ -44,19 +44,21 @@ fn cluster(store: Arc<SimStore>, services: &[&str]) -> Cluster {
 
 /// Sets annotation [`NOTE`] of service `prod/name` in `store` (one MODIFIED upstream).
 fn annotate(store: &SimStore, name: &str, value: &str) {
+    annotate_object(store, Kind::Service, &NsName::new("prod", name), value);
+}
+
+/// Sets annotation [`NOTE`] of the `kind` object `id` in `store`.
+fn annotate_object(store: &SimStore, kind: Kind, id: &NsName, value: &str) {
     let key = ObjKey {
-        kind: Kind::Service,
-        id: NsName::new("prod", name),
+        kind,
+        id: id.clone(),
     };
-    let Some(Object::Service(s)) = store.view().get(&key).map(|s| s.object.clone()) else {
-        panic!("no service {name}");
+    let Some(stored) = store.view().get(&key) else {
+        panic!("no {} {id}", kind.name());
     };
-    let mut s = Service::clone(&s);
-    s.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(NOTE.to_owned(), value.to_owned());
-    store.apply([Object::Service(Arc::new(s))]);
+    let mut v = stored.object.to_json("");
+    v["metadata"]["annotations"][NOTE] = value.into();
+    store.apply([decode(kind, v).expect("the same object, annotated")]);
 }
 
 /// The services a consumer lists through the link: name -> annotation [`NOTE`] ("" without).
@@ -321,6 +323,54 @@ async fn an_oversized_object_is_refused_and_the_link_goes_on() {
     annotate(stack.sim.store(), "api", "small");
     converges(&stack, 20, &view(&[("api", "small"), ("web", "")])).await;
     assert_eq!(stack.link().upstream_oversized, 1, "the refusal is counted");
+    alive(&stack);
+}
+
+/// A pod watch frame whose object is valid JSON of the wrong shape (its spec a string): that
+/// pod is refused on its own, logged by name and counted, with no relist; its last good version
+/// stays served, and later events, its own included, flow as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_of_the_wrong_shape_is_refused_and_the_link_goes_on() {
+    let logs = Logs::capture();
+    let (stack, _cluster) = stack(111).await;
+    let items = stack.sim.store().view().list(Kind::Pod).items;
+    let pod = NsName::of(items.first().expect("a pod").object.meta());
+    let served = async || {
+        let api: Api<Pod> =
+            Api::namespaced(stack.consumer().await.expect("client"), &pod.namespace);
+        let p = api.get(&pod.name).await.expect("GET the pod");
+        p.metadata
+            .annotations
+            .unwrap_or_default()
+            .get(NOTE)
+            .cloned()
+            .unwrap_or_default()
+    };
+    stack
+        .chaos
+        .faults
+        .wrong_shape_pod_frames
+        .store(1, Ordering::Relaxed);
+    annotate_object(stack.sim.store(), Kind::Pod, &pod, "wrong-shape");
+    until(10, "the refusal is logged", async || {
+        !logs
+            .lines_with(&["does not decode", "link=east", "Pod", &pod.to_string()])
+            .is_empty()
+    })
+    .await;
+    assert_eq!(stack.chaos.faults.wrong_shaped.load(Ordering::Relaxed), 1);
+    assert_eq!(served().await, "", "the last good version stays served");
+    annotate_object(stack.sim.store(), Kind::Pod, &pod, "whole-again");
+    until(20, "the pod's next event is served", async || {
+        served().await == "whole-again"
+    })
+    .await;
+    let link = stack.link();
+    assert_eq!(link.upstream_decode_errors, 1, "the refusal is counted");
+    assert_eq!(
+        link.upstream_forced_relists, 0,
+        "nothing was relisted for it"
+    );
     alive(&stack);
 }
 

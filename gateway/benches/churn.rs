@@ -3,9 +3,13 @@
 //! - `engine/ingest_100k_events_10k_services`: pre-decoded upstream events, how many per second
 //!   `ingest` takes (plus a `poll` every 1,000 events). Design target: >= 1,000,000 events/s.
 //! - `upstream/decode_and_ingest_10k_slice_frames`: the same path from the wire, each event a
-//!   watch frame of JSON decoded as kube-rs's watcher decodes it (`WatchEvent<EndpointSlice>`),
-//!   then ingested. Design target: >= 65,000 EndpointSlice events/s.
-//! - `upstream/decode_10k_slice_frames`: the decoding alone, for reference.
+//!   watch frame of JSON decoded as Floodgate's EndpointSlice watcher decodes it
+//!   (`WatchEvent<EndpointSlice>`, then its size counted by encoding it), then ingested. Design
+//!   target: >= 65,000 EndpointSlice events/s.
+//! - `upstream/decode_10k_slice_frames`: that decoding alone, for reference.
+//! - `upstream/decode_10k_slice_frames_kept_as_json`: the same frames decoded as the pod
+//!   watcher decodes pods (`WatchEvent<Wire<_>>`: kept as JSON, then typed), for reference:
+//!   what keeping a list's objects as JSON costs in CPU.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +17,8 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use floodgate::churn::object::{Kind, Object, SERVICE_NAME_LABEL};
 use floodgate::churn::{Change, Engine};
+use floodgate::upstream::wire::Wire;
+use floodgate::upstream::{MAX_OBJECT_BYTES, encoded_len};
 use floodgate::view::View;
 use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
@@ -170,9 +176,22 @@ fn frame(svc: usize, ready: bool, rv: usize) -> Vec<u8> {
     line
 }
 
+/// A frame decoded as the EndpointSlice watcher does: typed, size counted by encoding it.
 fn decode(line: &[u8]) -> Option<Object> {
     match serde_json::from_slice::<WatchEvent<EndpointSlice>>(line) {
-        Ok(WatchEvent::Modified(s)) => Some(Object::EndpointSlice(Arc::new(s))),
+        Ok(WatchEvent::Modified(s)) if encoded_len(&s) <= MAX_OBJECT_BYTES => {
+            Some(Object::EndpointSlice(Arc::new(s)))
+        }
+        _ => None,
+    }
+}
+
+/// A frame decoded as the pod watcher does: kept as JSON, size checked, then typed.
+fn decode_kept(line: &[u8]) -> Option<Object> {
+    match serde_json::from_slice::<WatchEvent<Wire<EndpointSlice>>>(line) {
+        Ok(WatchEvent::Modified(w)) if w.bytes() <= MAX_OBJECT_BYTES => {
+            w.decode().ok().map(|s| Object::EndpointSlice(Arc::new(s)))
+        }
         _ => None,
     }
 }
@@ -188,6 +207,9 @@ fn wire(c: &mut Criterion, engine: &mut Engine, mut now: Instant) {
     g.sample_size(10);
     g.bench_function("decode_10k_slice_frames", |b| {
         b.iter(|| frames.iter().filter_map(|f| decode(f)).count())
+    });
+    g.bench_function("decode_10k_slice_frames_kept_as_json", |b| {
+        b.iter(|| frames.iter().filter_map(|f| decode_kept(f)).count())
     });
     g.bench_function("decode_and_ingest_10k_slice_frames", |b| {
         b.iter(|| {

@@ -23,7 +23,14 @@
 //! `ResourceVersionTooLarge` after an etcd restore took the remote's versions backwards, or an
 //! HTTP 410; kube-rs retries those with the same version forever). Watches ask the remote to end
 //! them after [`WATCH_TIMEOUT_SECS`], so one that hangs is given up within that and a margin.
-//! An object whose JSON exceeds [`MAX_OBJECT_BYTES`] is refused with a log line.
+//! Pods, the one kind watched cluster-wide, arrive as their JSON ([`wire`]) and are decoded one
+//! by one as they are sent on, so a list page of them costs about its own size however many
+//! pods it holds (the other kinds are selected, or metadata only, and decode straight into
+//! typed objects, which costs less CPU). An object whose JSON exceeds [`MAX_OBJECT_BYTES`], or
+//! (a pod) does not decode as its kind, is refused with a log line and counted; the rest of
+//! its list or stream goes on.
+
+pub mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +47,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use self::wire::Wire;
 use crate::churn::Change;
 use crate::churn::object::{Kind, NsName, ObjKey, Object, Server};
 
@@ -59,7 +67,8 @@ pub struct UpstreamCounters {
     pub errors: AtomicU64,
     /// Relists (initial lists included).
     pub relists: AtomicU64,
-    /// Watcher errors that were JSON the client could not decode.
+    /// JSON that could not be decoded: watcher errors (a frame or a list body), and objects
+    /// refused because their JSON, valid in itself, is not of their kind's shape.
     pub decode_errors: AtomicU64,
     /// Objects applied or deleted, per kind in [`Kind::ALL`]'s order (initial lists included).
     pub events: [AtomicU64; Kind::ALL.len()],
@@ -153,7 +162,7 @@ pub fn needs_relist(e: &watcher::Error) -> bool {
 }
 
 /// The length of `o`'s JSON encoding, counted without building it.
-fn encoded_len<K: serde::Serialize>(o: &K) -> usize {
+pub fn encoded_len<K: serde::Serialize>(o: &K) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -168,6 +177,35 @@ fn encoded_len<K: serde::Serialize>(o: &K) -> usize {
     // Writing into a counter cannot fail; an object serde refuses counts as what it wrote.
     let _ = serde_json::to_writer(&mut c, o);
     c.0
+}
+
+/// Why an upstream object was refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// Its JSON is this many bytes, over [`MAX_OBJECT_BYTES`].
+    Oversized(usize),
+    /// Its JSON is valid but not of its kind's shape.
+    Undecodable(serde_json::Error),
+}
+
+/// A typed object, admitted if its JSON is within [`MAX_OBJECT_BYTES`] (counted by encoding it).
+fn typed<K: serde::Serialize>(o: K, wrap: impl FnOnce(K) -> Object) -> Result<Object, Refused> {
+    match encoded_len(&o) {
+        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized(bytes)),
+        _ => Ok(wrap(o)),
+    }
+}
+
+/// An object kept as its JSON ([`wire`]), admitted if its JSON is within [`MAX_OBJECT_BYTES`]
+/// and decodes as its kind.
+fn wired<K: serde::de::DeserializeOwned>(
+    w: Wire<K>,
+    wrap: impl FnOnce(K) -> Object,
+) -> Result<Object, Refused> {
+    match w.bytes() {
+        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized(bytes)),
+        _ => w.decode().map(wrap).map_err(Refused::Undecodable),
+    }
 }
 
 /// How to reach the remote and what to watch.
@@ -275,7 +313,7 @@ pub fn start(
             let (c, w) = (c.clone(), labelled.clone());
             move || watcher::watcher(Api::<Service>::all(c.clone()), w.clone())
         },
-        |s| Object::Service(Arc::new(s)),
+        |s| typed(s, |s| Object::Service(Arc::new(s))),
         generation,
         &tx,
         &counters,
@@ -288,7 +326,7 @@ pub fn start(
             let (c, w) = (c.clone(), labelled.clone());
             move || watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w.clone())
         },
-        |s| Object::EndpointSlice(Arc::new(s)),
+        |s| typed(s, |s| Object::EndpointSlice(Arc::new(s))),
         generation,
         &tx,
         &counters,
@@ -301,7 +339,7 @@ pub fn start(
             let c = c.clone();
             move || watcher::watcher(Api::<Endpoints>::all(c.clone()), labelled.clone())
         },
-        |s| Object::Endpoints(Arc::new(s)),
+        |s| typed(s, |s| Object::Endpoints(Arc::new(s))),
         generation,
         &tx,
         &counters,
@@ -312,9 +350,9 @@ pub fn start(
         Kind::Pod,
         {
             let (c, w) = (c.clone(), all.clone());
-            move || watcher::watcher(Api::<Pod>::all(c.clone()), w.clone())
+            move || watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w.clone())
         },
-        |p| Object::Pod(Arc::new(p)),
+        |p| wired(p, |p| Object::Pod(Arc::new(p))),
         generation,
         &tx,
         &counters,
@@ -332,7 +370,7 @@ pub fn start(
                 )
             }
         },
-        |m| Object::ReplicaSet(Arc::new(m.metadata)),
+        |m| typed(m, |m| Object::ReplicaSet(Arc::new(m.metadata))),
         generation,
         &tx,
         &counters,
@@ -353,11 +391,13 @@ pub fn start(
                 }
             },
             |d| {
-                let spec = d.data.get("spec").cloned().unwrap_or_default();
-                Object::Server(Arc::new(Server {
-                    metadata: d.metadata,
-                    spec,
-                }))
+                typed(d, |d| {
+                    let spec = d.data.get("spec").cloned().unwrap_or_default();
+                    Object::Server(Arc::new(Server {
+                        metadata: d.metadata,
+                        spec,
+                    }))
+                })
             },
             generation,
             &tx,
@@ -369,18 +409,18 @@ pub fn start(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn spawn<K, S, F>(
+fn spawn<W, S, F>(
     tasks: &mut JoinSet<()>,
     kind: Kind,
     make: F,
-    wrap: fn(K) -> Object,
+    admit: fn(W) -> Result<Object, Refused>,
     generation: u64,
     tx: &mpsc::Sender<Message>,
     counters: &Arc<UpstreamCounters>,
     gate: Gate,
 ) where
-    K: kube::Resource + serde::Serialize + Send + 'static,
-    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    W: kube::Resource + Send + 'static,
+    S: Stream<Item = watcher::Result<Event<W>>> + Send + 'static,
     F: Fn() -> S + Send + 'static,
 {
     let tx = tx.clone();
@@ -405,20 +445,32 @@ fn spawn<K, S, F>(
                     Change::InitStart(kind)
                 }
                 // managedFields and the upstream resourceVersion are dropped by the engine on arrival.
-                Ok(Event::InitApply(o) | Event::Apply(o)) => {
-                    let bytes = encoded_len(&o);
-                    if bytes > MAX_OBJECT_BYTES {
-                        counters.oversized.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            kind = kind.name(),
-                            object = %NsName::of(o.meta()),
-                            bytes,
-                            limit = MAX_OBJECT_BYTES,
-                            "refused an upstream object over the size limit"
-                        );
-                        continue;
+                Ok(Event::InitApply(w) | Event::Apply(w)) => {
+                    let object = NsName::of(w.meta());
+                    match admit(w) {
+                        Ok(o) => Change::Apply(o),
+                        Err(Refused::Oversized(bytes)) => {
+                            counters.oversized.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                kind = kind.name(),
+                                %object,
+                                bytes,
+                                limit = MAX_OBJECT_BYTES,
+                                "refused an upstream object over the size limit"
+                            );
+                            continue;
+                        }
+                        Err(Refused::Undecodable(e)) => {
+                            counters.decode_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                kind = kind.name(),
+                                %object,
+                                error = %e,
+                                "refused an upstream object that does not decode"
+                            );
+                            continue;
+                        }
                     }
-                    Change::Apply(wrap(o))
                 }
                 Ok(Event::InitDone) => {
                     relist_in = FORCED_RELIST_BACKOFF.0;

@@ -1,0 +1,249 @@
+//! Upstream objects as they come off the wire: each one kept as compact JSON, only its identity
+//! read out, and decoded into its typed form one at a time, as the engine takes it. The pod
+//! watcher uses it: pods are the one kind watched cluster-wide, so the one whose lists grow
+//! with the remote rather than with what the link exports. It costs CPU: the same EndpointSlice
+//! frames decoded at 38,900/s this way and at 55,400/s typed at once with their size counted by
+//! encoding them, as the other watchers do (criterion, `upstream/decode_10k_slice_frames*`).
+//!
+//! kube-rs decodes a list page whole before the watcher yields its first object. Decoded into
+//! typed objects, a page of 200,000 pods from a remote that ignores `limit` took 1.5 GiB, about
+//! 15 times its JSON; kept as JSON until each is taken, it costs about its own size. The JSON
+//! also gives each object's size for free, so one over the size limit is refused before
+//! anything decodes it, and an object whose JSON is valid but whose shape is not (a field of
+//! the wrong type) is refused on its own instead of failing the list it came in.
+//!
+//! The JSON is written back from the decoder's tokens (`serde_transcode`), not sliced out of
+//! the input: serde hands a watch frame's object over from a buffer when the frame's `object`
+//! comes before its `type` (JSON keys have no order), and a buffer has no input text left.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, Deserializer, Error as _};
+
+/// One upstream object of kind `K`: its JSON, and the metadata the watcher needs (name,
+/// namespace, resourceVersion).
+pub struct Wire<K> {
+    metadata: ObjectMeta,
+    json: Box<str>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Wire<K> {
+    /// The object's JSON, compact.
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
+    /// The size of the object's JSON, compact.
+    pub fn bytes(&self) -> usize {
+        self.json.len()
+    }
+}
+
+impl<K: DeserializeOwned> Wire<K> {
+    /// The typed object.
+    pub fn decode(&self) -> serde_json::Result<K> {
+        serde_json::from_str(&self.json)
+    }
+}
+
+/// What is read of every object before it is decoded.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    metadata: Option<HeadMeta>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HeadMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl<'de, K> Deserialize<'de> for Wire<K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut text = Vec::with_capacity(1024);
+        serde_transcode::transcode(d, &mut serde_json::Serializer::new(&mut text))
+            .map_err(D::Error::custom)?;
+        // serde_json writes UTF-8 only.
+        let json = String::from_utf8(text)
+            .map_err(D::Error::custom)?
+            .into_boxed_str();
+        let head: Head = serde_json::from_str(&json).map_err(D::Error::custom)?;
+        let meta = head.metadata;
+        let metadata = ObjectMeta {
+            name: meta.as_ref().and_then(|m| m.name.clone()),
+            namespace: meta.as_ref().and_then(|m| m.namespace.clone()),
+            resource_version: meta.and_then(|m| m.resource_version),
+            ..ObjectMeta::default()
+        };
+        Ok(Self {
+            metadata,
+            json,
+            kind: PhantomData,
+        })
+    }
+}
+
+// kube-rs's watcher asks for `Clone + Debug`; neither is on a hot path.
+impl<K> Clone for Wire<K> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            json: self.json.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Wire<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wire")
+            .field("name", &self.metadata.name)
+            .field("namespace", &self.metadata.namespace)
+            .field("bytes", &self.bytes())
+            .finish()
+    }
+}
+
+impl<K: kube::Resource> kube::Resource for Wire<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+
+    fn kind(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn api_version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::api_version(dt)
+    }
+
+    fn plural(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn metadata_api() -> bool {
+        K::metadata_api()
+    }
+
+    fn url_path(dt: &Self::DynamicType, namespace: Option<&str>) -> String {
+        K::url_path(dt, namespace)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::core::{ObjectList, WatchEvent};
+    use kube::{Resource, ResourceExt};
+
+    use super::*;
+
+    const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-0","namespace":"prod","resourceVersion":"42","labels":{"app":"web"}},"spec":{"containers":[{"name":"app","image":"web:1"}]},"status":{"podIP":"10.0.0.7"}}"#;
+
+    /// The pod of a MODIFIED watch frame.
+    fn modified(line: &str) -> Wire<Pod> {
+        match serde_json::from_str::<WatchEvent<Wire<Pod>>>(line) {
+            Ok(WatchEvent::Modified(w)) => w,
+            other => panic!("not a MODIFIED event: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_list_keeps_each_object_as_json_and_decodes_it_on_demand() {
+        let body = format!(
+            r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"50"}},"items":[{POD},{{"kind":"Pod"}}]}}"#
+        );
+        let list: ObjectList<Wire<Pod>> = serde_json::from_str(&body).expect("a list of wires");
+        assert_eq!(list.metadata.resource_version.as_deref(), Some("50"));
+        assert_eq!(list.items.len(), 2);
+        let w = &list.items[0];
+        assert_eq!(w.name_any(), "web-0");
+        assert_eq!(w.namespace().as_deref(), Some("prod"));
+        assert_eq!(w.resource_version().as_deref(), Some("42"));
+        assert_eq!(w.bytes(), POD.len(), "compact JSON comes out as it went in");
+        let pod = w.decode().expect("a pod");
+        assert_eq!(pod.labels().get("app").map(String::as_str), Some("web"));
+        assert_eq!(
+            pod.status.and_then(|s| s.pod_ip).as_deref(),
+            Some("10.0.0.7")
+        );
+        assert_eq!(
+            list.items[1].name_any(),
+            "",
+            "an object without metadata has no name"
+        );
+    }
+
+    #[test]
+    fn a_watch_frame_keeps_its_object_and_a_wrong_shape_fails_only_its_decoding() {
+        let line = format!(r#"{{"type":"MODIFIED","object":{POD}}}"#);
+        let w = modified(&line);
+        assert_eq!(w.json(), POD);
+        let bad = POD.replace(r#""podIP":"10.0.0.7""#, r#""podIP":7"#);
+        let line = format!(r#"{{"type":"MODIFIED","object":{bad}}}"#);
+        let w = modified(&line);
+        assert_eq!(w.name_any(), "web-0");
+        let e = w.decode().expect_err("a number is no IP string");
+        assert!(e.to_string().contains("invalid type"), "{e}");
+    }
+
+    #[test]
+    fn an_object_before_its_type_is_kept_all_the_same() {
+        let line = format!(r#"{{"object":{POD},"type":"MODIFIED"}}"#);
+        let w = modified(&line);
+        assert_eq!(w.resource_version().as_deref(), Some("42"));
+        assert_eq!(
+            w.decode().expect("a pod").metadata.name.as_deref(),
+            Some("web-0")
+        );
+    }
+
+    #[test]
+    fn what_is_no_object_does_not_make_a_wire() {
+        for bad in [
+            r#"{"type":"MODIFIED","object":"this is not an object"}"#,
+            r#"{"type":"MODIFIED","object":{"metadata":{"name":7}}}"#,
+            r#"{"type":"MODIFIED","object":{"metadata":{"name":"x"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<WatchEvent<Wire<Pod>>>(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn it_asks_for_what_its_kind_asks_for() {
+        use k8s_openapi::api::apps::v1::ReplicaSet;
+        use kube::api::PartialObjectMeta;
+        assert_eq!(
+            Wire::<Pod>::url_path(&(), Some("prod")),
+            "/api/v1/namespaces/prod/pods"
+        );
+        assert_eq!(Wire::<Pod>::kind(&()), "Pod");
+        assert!(!Wire::<Pod>::metadata_api());
+        assert!(Wire::<PartialObjectMeta<ReplicaSet>>::metadata_api());
+    }
+}
