@@ -30,6 +30,7 @@
 //! (a pod) does not decode as its kind, is refused with a log line and counted; the rest of
 //! its list or stream goes on.
 
+mod admit;
 pub mod wire;
 
 use std::sync::Arc;
@@ -47,6 +48,8 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+pub use self::admit::{Refused, encoded_len};
+use self::admit::{refuse, typed, wired};
 use self::wire::Wire;
 use crate::churn::Change;
 use crate::churn::object::{Kind, NsName, ObjKey, Object, Server};
@@ -158,53 +161,6 @@ pub fn needs_relist(e: &watcher::Error) -> bool {
         e if is_undecodable_frame(e) => true,
         watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 504 || s.code == 410,
         _ => false,
-    }
-}
-
-/// The length of `o`'s JSON encoding, counted without building it.
-pub fn encoded_len<K: serde::Serialize>(o: &K) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    // Writing into a counter cannot fail; an object serde refuses counts as what it wrote.
-    let _ = serde_json::to_writer(&mut c, o);
-    c.0
-}
-
-/// Why an upstream object was refused.
-#[derive(Debug)]
-pub enum Refused {
-    /// Its JSON is this many bytes, over [`MAX_OBJECT_BYTES`].
-    Oversized(usize),
-    /// Its JSON is valid but not of its kind's shape.
-    Undecodable(serde_json::Error),
-}
-
-/// A typed object, admitted if its JSON is within [`MAX_OBJECT_BYTES`] (counted by encoding it).
-fn typed<K: serde::Serialize>(o: K, wrap: impl FnOnce(K) -> Object) -> Result<Object, Refused> {
-    match encoded_len(&o) {
-        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized(bytes)),
-        _ => Ok(wrap(o)),
-    }
-}
-
-/// An object kept as its JSON ([`wire`]), admitted if its JSON is within [`MAX_OBJECT_BYTES`]
-/// and decodes as its kind.
-fn wired<K: serde::de::DeserializeOwned>(
-    w: Wire<K>,
-    wrap: impl FnOnce(K) -> Object,
-) -> Result<Object, Refused> {
-    match w.bytes() {
-        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized(bytes)),
-        _ => w.decode().map(wrap).map_err(Refused::Undecodable),
     }
 }
 
@@ -449,25 +405,8 @@ fn spawn<W, S, F>(
                     let object = NsName::of(w.meta());
                     match admit(w) {
                         Ok(o) => Change::Apply(o),
-                        Err(Refused::Oversized(bytes)) => {
-                            counters.oversized.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(
-                                kind = kind.name(),
-                                %object,
-                                bytes,
-                                limit = MAX_OBJECT_BYTES,
-                                "refused an upstream object over the size limit"
-                            );
-                            continue;
-                        }
-                        Err(Refused::Undecodable(e)) => {
-                            counters.decode_errors.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(
-                                kind = kind.name(),
-                                %object,
-                                error = %e,
-                                "refused an upstream object that does not decode"
-                            );
+                        Err(why) => {
+                            refuse(kind, &object, why, &counters);
                             continue;
                         }
                     }
@@ -526,13 +465,20 @@ pub async fn fetch_pods(
 ) {
     let mut results = futures_util::stream::iter(pods)
         .map(|id| {
-            let api = Api::<Pod>::namespaced(client.clone(), &id.namespace);
+            let api = Api::<Wire<Pod>>::namespaced(client.clone(), &id.namespace);
             async move { (api.get_opt(&id.name).await, id) }
         })
         .buffer_unordered(FETCH_CONCURRENCY);
     while let Some((result, id)) = results.next().await {
         let change = match result {
-            Ok(Some(pod)) => Change::Fetched(Object::Pod(Arc::new(pod))),
+            // Admitted as the pod watcher admits pods.
+            Ok(Some(w)) => match wired(w, |p| Object::Pod(Arc::new(p))) {
+                Ok(pod) => Change::Fetched(pod),
+                Err(why) => {
+                    refuse(Kind::Pod, &id, why, &counters);
+                    continue;
+                }
+            },
             Ok(None) => continue,
             Err(e) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -545,3 +491,6 @@ pub async fn fetch_pods(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
