@@ -401,16 +401,13 @@ fn spawn<W, S, F>(
                     Change::InitStart(kind)
                 }
                 // managedFields and the upstream resourceVersion are dropped by the engine on arrival.
-                Ok(Event::InitApply(w) | Event::Apply(w)) => {
-                    let object = NsName::of(w.meta());
-                    match admit(w) {
-                        Ok(o) => Change::Apply(o),
-                        Err(why) => {
-                            refuse(kind, &object, why, &counters);
-                            continue;
-                        }
+                Ok(Event::InitApply(w) | Event::Apply(w)) => match admit(w) {
+                    Ok(o) => Change::Apply(o),
+                    Err(why) => {
+                        refuse(kind, why, &counters);
+                        continue;
                     }
-                }
+                },
                 Ok(Event::InitDone) => {
                     relist_in = FORCED_RELIST_BACKOFF.0;
                     if let (Gate::Opens(g), false) = (&gate, opened) {
@@ -475,7 +472,7 @@ pub async fn fetch_pods(
             Ok(Some(w)) => match wired(w, |p| Object::Pod(Arc::new(p))) {
                 Ok(pod) => Change::Fetched(pod),
                 Err(why) => {
-                    refuse(Kind::Pod, &id, why, &counters);
+                    refuse(Kind::Pod, why, &counters);
                     continue;
                 }
             },

@@ -25,43 +25,66 @@ pub fn encoded_len<K: serde::Serialize>(o: &K) -> usize {
     c.0
 }
 
-/// Why an upstream object was refused.
+/// Why an upstream object was refused, naming it.
 #[derive(Debug)]
 pub enum Refused {
-    /// Its JSON is this many bytes, over [`MAX_OBJECT_BYTES`].
-    Oversized(usize),
+    /// Its JSON is `bytes` long, over [`MAX_OBJECT_BYTES`].
+    Oversized {
+        /// The object.
+        object: NsName,
+        /// The size of its JSON.
+        bytes: usize,
+    },
     /// Its JSON is valid but not of its kind's shape.
-    Undecodable(serde_json::Error),
+    Undecodable {
+        /// The object.
+        object: NsName,
+        /// Why it does not decode.
+        error: serde_json::Error,
+    },
 }
 
 /// A typed object, admitted if its JSON is within [`MAX_OBJECT_BYTES`] (counted by encoding it).
-pub(super) fn typed<K: serde::Serialize>(
+pub(super) fn typed<K: kube::Resource + serde::Serialize>(
     o: K,
     wrap: impl FnOnce(K) -> Object,
 ) -> Result<Object, Refused> {
     match encoded_len(&o) {
-        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized(bytes)),
+        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized {
+            object: NsName::of(o.meta()),
+            bytes,
+        }),
         _ => Ok(wrap(o)),
     }
 }
 
-/// An object kept as its JSON ([`wire`]), admitted if its JSON is within [`MAX_OBJECT_BYTES`]
+/// An object kept as its JSON ([`Wire`]), admitted if its JSON is within [`MAX_OBJECT_BYTES`]
 /// and decodes as its kind.
-pub(super) fn wired<K: serde::de::DeserializeOwned>(
+pub(super) fn wired<K: kube::Resource + serde::de::DeserializeOwned>(
     w: Wire<K>,
     wrap: impl FnOnce(K) -> Object,
 ) -> Result<Object, Refused> {
+    let object = || NsName::of(kube::Resource::meta(&w));
     match w.bytes() {
-        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized(bytes)),
-        _ => w.decode().map(wrap).map_err(Refused::Undecodable),
+        bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized {
+            object: object(),
+            bytes,
+        }),
+        _ => match w.decode() {
+            Ok(o) => Ok(wrap(o)),
+            Err(error) => Err(Refused::Undecodable {
+                object: object(),
+                error,
+            }),
+        },
     }
 }
 
 /// Counts and logs an object [`Refused`]: it goes no further, and its last good version, if
 /// any, stays served.
-pub(super) fn refuse(kind: Kind, object: &NsName, why: Refused, counters: &UpstreamCounters) {
+pub(super) fn refuse(kind: Kind, why: Refused, counters: &UpstreamCounters) {
     match why {
-        Refused::Oversized(bytes) => {
+        Refused::Oversized { object, bytes } => {
             counters.oversized.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 kind = kind.name(),
@@ -71,12 +94,12 @@ pub(super) fn refuse(kind: Kind, object: &NsName, why: Refused, counters: &Upstr
                 "refused an upstream object over the size limit"
             );
         }
-        Refused::Undecodable(e) => {
+        Refused::Undecodable { object, error } => {
             counters.decode_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 kind = kind.name(),
                 %object,
-                error = %e,
+                %error,
                 "refused an upstream object that does not decode"
             );
         }
