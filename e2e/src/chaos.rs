@@ -35,8 +35,8 @@ pub struct Faults {
     /// decode: alternately JSON that is no watch event, and no JSON at all.
     pub malformed_frames: AtomicUsize,
     /// Pod watch event frames still to pass on with the pod's `spec` replaced by a string:
-    /// valid JSON, of the wrong shape for a pod. (The frame is written back with its keys
-    /// sorted, so its `object` comes before its `type`.)
+    /// valid JSON, of the wrong shape for a pod, in a frame that puts its `object` before its
+    /// `type` (JSON keys have no order; the API server writes `type` first).
     pub wrong_shape_pod_frames: AtomicUsize,
     /// Watch streams still to cut in the middle of their next event frame (half the line, then
     /// the end of the response).
@@ -280,8 +280,10 @@ fn judge(line: Bytes, faults: &Faults) -> Verdict {
     if pod && take(&faults.wrong_shape_pod_frames) {
         let mut event: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
         event["object"]["spec"] = "this is not a spec".into();
-        let mut bad = event.to_string().into_bytes();
-        bad.push(b'\n');
+        let bad = format!(
+            "{{\"object\":{},\"type\":{}}}\n",
+            event["object"], event["type"]
+        );
         faults.wrong_shaped.fetch_add(1, Ordering::Relaxed);
         return Verdict::Pass(Bytes::from(bad));
     }
