@@ -64,6 +64,18 @@ async fn call(
     (code, v)
 }
 
+/// GET `uri` with the token and `accept`: the JSON answered.
+async fn get_as(router: axum::Router, uri: &str, accept: &str) -> Value {
+    let req = Request::get(uri)
+        .header("authorization", "Bearer t0k3n")
+        .header("accept", accept)
+        .body(Body::empty())
+        .expect("req");
+    let resp = router.oneshot(req).await.expect("resp");
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    serde_json::from_slice(&bytes).expect("json")
+}
+
 fn api() -> axum::Router {
     router(Arc::new(Api::new(Fixed(mk_view()), "t0k3n")))
 }
@@ -259,24 +271,12 @@ async fn protobuf_only_accept_is_406_and_tables_render() {
         r.clone().oneshot(req).await.expect("resp").status(),
         StatusCode::NOT_ACCEPTABLE
     );
-    let req = Request::get("/api/v1/services")
-        .header("authorization", "Bearer t0k3n")
-        .header(
-            "accept",
-            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
-        )
-        .body(Body::empty())
-        .expect("req");
-    let bytes = r
-        .oneshot(req)
-        .await
-        .expect("resp")
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).expect("json");
+    let v = get_as(
+        r,
+        "/api/v1/services",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .await;
     assert_eq!(v["kind"], "Table");
     assert_eq!(v["columnDefinitions"][0]["name"], "Name");
     assert_eq!(v["rows"].as_array().map(Vec::len), Some(3));

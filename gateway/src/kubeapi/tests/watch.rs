@@ -5,11 +5,10 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
-use super::{call, mk_service, mk_view, shared};
+use super::{call, get_as, mk_service, mk_view, shared};
 use crate::kubeapi::status::StatusError;
 use crate::kubeapi::{Api, ApiStore, Limits, router};
 use crate::view::{Change, View};
@@ -180,20 +179,7 @@ async fn metadata_only_lists_and_watches() {
     let (view, r) = shared();
     let accept =
         "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
-    let req = Request::get("/api/v1/services")
-        .header("authorization", "Bearer t0k3n")
-        .header("accept", accept);
-    let bytes = r
-        .clone()
-        .oneshot(req.body(Body::empty()).expect("req"))
-        .await
-        .expect("resp")
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).expect("json");
+    let v = get_as(r.clone(), "/api/v1/services", accept).await;
     assert_eq!(v["kind"], "PartialObjectMetadataList");
     assert_eq!(v["items"][0]["kind"], "PartialObjectMetadata");
     assert!(v["items"][0].get("spec").is_none());
