@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use floodgate::churn::object::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
 use floodgate::kubeapi::ApiStore;
+use floodgate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
 use k8s_openapi::api::core::v1::{
     ContainerStatus, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference,
     Pod, PodStatus, Service, ServicePort, ServiceSpec,

@@ -11,9 +11,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::{Method, StatusCode};
-use floodgate::churn::object::{Kind, NsName, ObjKey, Object, Server};
 use floodgate::kubeapi::status::{Reason, StatusError};
 use floodgate::kubeapi::{Api, ApiStore, Write};
+use floodgate::model::{Kind, NsName, ObjKey, Object, Server};
 use floodgate::view::{Change, View};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};

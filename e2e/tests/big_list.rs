@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use floodgate::churn::object::Kind;
 use floodgate::kubeapi::ApiStore as _;
+use floodgate::model::Kind;
 use floodgate_e2e::chaos::{Chaos, PlainSim, REMOTE_TOKEN};
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::procs::{Floodgate, memory_kib};

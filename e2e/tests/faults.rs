@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use floodgate::churn::object::{Kind, NsName, ObjKey};
 use floodgate::kubeapi::ApiStore;
 use floodgate::kubeapi::status::{Reason, StatusError};
+use floodgate::model::{Kind, NsName, ObjKey};
 use floodgate_e2e::chaos::{ChaosStack, PlainSim, REMOTE_TOKEN};
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::Stack;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use floodgate::churn::object::{Kind, NsName, ObjKey, Object};
 use floodgate::grpc::snapshot::TRUNCATED_ANNOTATION;
+use floodgate::model::{Kind, NsName, ObjKey, Object};
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::Stack;
 use floodgate_e2e::sim::SimStore;
@@ -195,7 +195,7 @@ async fn a_quarantine_keeps_the_last_good_view_on_the_stream() {
     assert_eq!(q.endpoints, good.endpoints);
 
     cluster.crash_loop_step("web", 3);
-    link.release().await.expect("released");
+    link.release("the test").await.expect("released");
     let (after, during) = until(&mut s, "all web pods not ready after release", |s| {
         ready_count(s) == 0
     })

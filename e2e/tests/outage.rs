@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::churn::object::{Kind, NsName, ObjKey};
 use floodgate::kubeapi::ApiStore as _;
+use floodgate::model::{Kind, NsName, ObjKey};
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::Stack;
 use floodgate_e2e::sim::SimStore;

@@ -327,11 +327,11 @@ async fn s1_an_exported_flood_is_capped_budgeted_and_quarantined() {
     );
     let view = &stack.floodgate.links[0].view;
     let injector: usize = view
-        .list(floodgate::churn::object::Kind::EndpointSlice)
+        .list(floodgate::model::Kind::EndpointSlice)
         .items
         .iter()
         .filter_map(|s| match &s.object {
-            floodgate::churn::object::Object::EndpointSlice(e)
+            floodgate::model::Object::EndpointSlice(e)
                 if e.metadata
                     .name
                     .as_deref()
@@ -351,7 +351,7 @@ async fn s1_an_exported_flood_is_capped_budgeted_and_quarantined() {
         "the quarantined link dropped its cache"
     );
     assert!(
-        view.len(floodgate::churn::object::Kind::Service) >= 2,
+        view.len(floodgate::model::Kind::Service) >= 2,
         "consumers keep the last good view"
     );
     eprintln!(

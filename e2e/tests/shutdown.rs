@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::churn::object::Object;
 use floodgate::kubeapi::ApiStore;
+use floodgate::model::Object;
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
@@ -172,9 +172,9 @@ async fn a_second_sigterm_forces_exit_during_a_slow_drain() {
     for i in 0..40 {
         let name = format!("big-{i}");
         cluster.add_service(&name, true);
-        let key = floodgate::churn::object::ObjKey {
-            kind: floodgate::churn::object::Kind::Service,
-            id: floodgate::churn::object::NsName::new("prod", &name),
+        let key = floodgate::model::ObjKey {
+            kind: floodgate::model::Kind::Service,
+            id: floodgate::model::NsName::new("prod", &name),
         };
         if let Some(Object::Service(s)) = store.view().get(&key).map(|s| s.object.clone()) {
             let mut s = Service::clone(&s);

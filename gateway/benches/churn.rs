@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use floodgate::churn::object::{Kind, Object, SERVICE_NAME_LABEL};
 use floodgate::churn::{Change, Engine};
+use floodgate::model::{Kind, Object, SERVICE_NAME_LABEL};
 use floodgate::upstream::wire::Wire;
 use floodgate::upstream::{MAX_OBJECT_BYTES, encoded_len};
 use floodgate::view::View;

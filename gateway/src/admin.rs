@@ -280,7 +280,7 @@ async fn release(
     body: Bytes,
 ) -> Result<Json<Value>, AdminError> {
     let (link, req) = operator_request(&s, &name, &headers, &body)?;
-    let t = answer(&name, link.release()).await?;
+    let t = answer(&name, link.release("an operator through the admin API")).await?;
     tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
     Ok(Json(json!({ "link": name, "transition": t })))
 }

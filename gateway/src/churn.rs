@@ -24,12 +24,10 @@
 pub mod cap;
 pub mod flood;
 pub mod limit;
-pub mod object;
 mod publish;
 pub mod quarantine;
 pub mod restore;
 mod schedule;
-pub mod select;
 pub mod store;
 
 use std::cmp::Reverse;
@@ -43,9 +41,9 @@ use tokio::time::Instant;
 use self::cap::EndpointKey;
 use self::flood::{FloodDetector, Trigger};
 use self::limit::{Budget, FedClock, Limiter};
-use self::object::{Group, Kind, NsName, ObjKey, Object};
 use self::quarantine::{Machine, RequestError, State, Transition};
 use self::store::Store;
+use crate::model::{Group, Kind, NsName, ObjKey, Object};
 use crate::view::{DEFAULT_HISTORY_AGE, View};
 
 /// One upstream change, as the watchers report it.
@@ -169,6 +167,9 @@ pub struct Engine {
     /// The publication count at which a full `fetching` may be scanned again.
     fetch_prune_at: u64,
     synced_once: bool,
+    /// False on a replica that does not hold the link's Lease: floods are measured, never
+    /// acted on (the holder decides; this replica follows its record).
+    deciding: bool,
     republish: bool,
     effects: Vec<Effect>,
     counters: Counters,
@@ -209,6 +210,7 @@ impl Engine {
             fetching: HashSet::new(),
             fetch_prune_at: 0,
             synced_once: false,
+            deciding: true,
             republish: false,
             effects: Vec::new(),
             counters: Counters::default(),
@@ -219,6 +221,12 @@ impl Engine {
     /// restored from disk starts before that).
     pub fn set_kinds(&mut self, kinds: &[Kind]) {
         self.kinds = kinds.to_vec();
+    }
+
+    /// Whether this engine acts on the floods it measures (true unless another replica holds
+    /// the link's Lease).
+    pub fn set_deciding(&mut self, deciding: bool) {
+        self.deciding = deciding;
     }
 
     /// The published view.
@@ -372,6 +380,10 @@ impl Engine {
     }
 
     fn trip(&mut self, now: Instant, trigger: Trigger) {
+        if !self.deciding {
+            // Another replica holds the link's Lease: it decides, this one follows its record.
+            return;
+        }
         if let Some(t) = self.machine.trip(now, trigger, self.synced_once) {
             self.transitioned(t);
         }
@@ -415,9 +427,9 @@ impl Engine {
         Ok(t)
     }
 
-    /// An operator releases the link.
-    pub fn release(&mut self) -> Result<Transition, RequestError> {
-        let t = self.machine.release()?;
+    /// Someone releases the link; `by` says who.
+    pub fn release(&mut self, by: &str) -> Result<Transition, RequestError> {
+        let t = self.machine.release(by)?;
         self.transitioned(t.clone());
         Ok(t)
     }

@@ -322,7 +322,11 @@ fn follow_quarantine(link: &Link, r: &mut Running, state: &link::LinkState, hold
     tokio::spawn(async move {
         let result = match message {
             Some(msg) => handle.quarantine(msg).await,
-            None => handle.release().await,
+            None => {
+                handle
+                    .release("the Lease holder, as recorded in status")
+                    .await
+            }
         };
         if let Err(e) = result {
             tracing::debug!(error = %e, "following the recorded quarantine");

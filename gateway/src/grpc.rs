@@ -33,8 +33,8 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
-use crate::churn::object::NsName;
 use crate::link::{LinkHandle, LinkState};
+use crate::model::NsName;
 use crate::view::View;
 
 /// Streams open at once per link before new ones get RESOURCE_EXHAUSTED: the facade's watch

@@ -11,6 +11,7 @@
 //! - [`grpc`]: `floodgate.v1` endpoint snapshots, link listing and gRPC health.
 //! - [`admin`]: the admin API: links, release and quarantine, config, the status page.
 //! - [`metrics`]: Prometheus metrics per link, computed at scrape time.
+//! - [`model`]: the object model every layer shares: `Object`, `Kind`, `NsName`, the annotations.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
@@ -27,6 +28,7 @@ pub mod grpc;
 pub mod kubeapi;
 pub mod link;
 pub mod metrics;
+pub mod model;
 pub mod persist;
 pub mod run;
 pub mod tls;

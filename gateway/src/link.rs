@@ -87,8 +87,11 @@ pub struct LinkState {
 /// An operator's request to a link.
 #[derive(Debug)]
 pub enum Command {
-    /// Release a quarantined link.
-    Release(oneshot::Sender<Result<Transition, RequestError>>),
+    /// Release a quarantined link; the string says who asked.
+    Release(String, oneshot::Sender<Result<Transition, RequestError>>),
+    /// Act on floods (the Lease holder, or standalone) or only measure them (another replica
+    /// holds the link's Lease and decides).
+    SetDeciding(bool),
     /// Quarantine the link, with a message.
     Quarantine(String, oneshot::Sender<Result<Transition, RequestError>>),
     /// Reach the remote this new way (rotated credentials): the upstream reconnects and
@@ -124,11 +127,12 @@ pub struct LinkHandle {
 }
 
 impl LinkHandle {
-    /// Asks the link to release its quarantine.
-    pub async fn release(&self) -> Result<Transition, LinkError> {
+    /// Asks the link to release its quarantine; `by` says who asks ("an operator through the
+    /// admin API"), for logs, Events and status.
+    pub async fn release(&self, by: &str) -> Result<Transition, LinkError> {
         let (tx, rx) = oneshot::channel();
         self.commands
-            .send(Command::Release(tx))
+            .send(Command::Release(by.to_owned(), tx))
             .await
             .map_err(|_| LinkError::Stopped)?;
         rx.await
@@ -146,6 +150,15 @@ impl LinkHandle {
         rx.await
             .map_err(|_| LinkError::Stopped)?
             .map_err(LinkError::Refused)
+    }
+
+    /// Makes the link act on the floods it measures (`true`: it holds the link's Lease, or runs
+    /// standalone) or only measure them and follow the holder's record (`false`).
+    pub async fn set_deciding(&self, deciding: bool) -> Result<(), LinkError> {
+        self.commands
+            .send(Command::SetDeciding(deciding))
+            .await
+            .map_err(|_| LinkError::Stopped)
     }
 
     /// Swaps how the link reaches its remote (new credentials): the upstream watchers stop,
@@ -254,7 +267,7 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
         upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
         upstream_forced_relists: counters.forced_relists.load(Ordering::Relaxed),
         upstream_oversized: counters.oversized.load(Ordering::Relaxed),
-        upstream_events_by_kind: crate::churn::object::Kind::ALL
+        upstream_events_by_kind: crate::model::Kind::ALL
             .iter()
             .map(|k| (k.name(), counters.events_of(*k)))
             .collect(),
@@ -305,7 +318,7 @@ impl ApiStore for LinkStore {
         let servers = *self.has_servers.borrow();
         RESOURCES
             .iter()
-            .filter(|r| servers || r.kind != crate::churn::object::Kind::Server)
+            .filter(|r| servers || r.kind != crate::model::Kind::Server)
             .collect()
     }
 

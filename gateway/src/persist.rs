@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::churn::flood::Trigger;
-use crate::churn::object::{Kind, Object};
 use crate::churn::quarantine::Quarantine;
 use crate::churn::restore::Saved;
+use crate::model::{Kind, Object};
 use crate::view::View;
 
 /// The file format's version; a file of another version is refused (and reported).

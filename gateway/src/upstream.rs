@@ -52,7 +52,7 @@ pub use self::admit::{Refused, encoded_len};
 use self::admit::{refuse, typed, wired};
 use self::wire::Wire;
 use crate::churn::Change;
-use crate::churn::object::{Kind, NsName, ObjKey, Object, Server};
+use crate::model::{Kind, NsName, ObjKey, Object, Server};
 
 /// One message from upstream.
 #[derive(Debug)]

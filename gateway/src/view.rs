@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use crate::churn::object::{Kind, NsName, ObjKey, Object};
+use crate::model::{Kind, NsName, ObjKey, Object};
 
 pub mod pages;
 

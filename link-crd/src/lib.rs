@@ -23,7 +23,9 @@ pub use spec::{
     AutoRelease, Bucket, CapsSpec, CoalesceSpec, Link, LinkSpec, QuarantineSpec, QuarantineWhen,
     RateLimitSpec, RemoteSpec, SecretKeyRef, SelectSpec,
 };
-pub use status::{Counters, LinkStatus, Phase, QuarantineStatus};
+pub use status::{
+    ContainedServiceStatus, ContainedServicesStatus, Counters, LinkStatus, Phase, QuarantineStatus,
+};
 pub use validate::{FieldError, ValidationErrors, validate};
 
 /// The CustomResourceDefinition for `Link`.

@@ -244,31 +244,48 @@ fn default_max_objects() -> u32 {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QuarantineSpec {
-    /// The thresholds that quarantine the link.
+    /// The thresholds that contain a service or quarantine the link.
     #[serde(default)]
     pub when: QuarantineWhen,
-    /// Release by itself after a cool-down whose re-check passes. Absent: only an operator
-    /// releases the link (admin API `POST /links/{name}/release`).
+    /// Release by itself after a cool-down whose re-check passes, for the link and for each
+    /// contained service alike. Absent: only an operator releases them (admin API
+    /// `POST /links/{name}/release`, `POST /links/{name}/services/{namespace}/{name}/release`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_release: Option<AutoRelease>,
 }
 
-/// Quarantine triggers; any one of them is enough.
+/// Flood thresholds. The per-service ones (`endpointsPerService`, `serviceEventsPerSecond`)
+/// *contain* that one service: it stays served at its last published state while the link's
+/// other services keep flowing. The link-wide ones (`eventsPerSecond`, `containedServices`, and
+/// `caps.maxObjects`) quarantine the whole link. Any one of them is enough.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QuarantineWhen {
-    /// Upstream events concerning selected services, per second. Default: 2000.
+    /// Upstream events per second concerning selected services that are not flooding on their
+    /// own (events of a service over `serviceEventsPerSecond`, or contained, are not counted),
+    /// sustained for `sustainedFor`: the link is quarantined. Default: 2000.
     #[serde(default = "default_events_per_second")]
     #[schemars(range(min = 1))]
     pub events_per_second: u32,
-    /// How long `eventsPerSecond` must be exceeded without a break. Default: `10s`.
+    /// How long an event rate must be exceeded without a break. Default: `10s`.
     #[serde(default = "default_sustained_for")]
     pub sustained_for: KubeDuration,
-    /// Upstream endpoints of one selected service (before the cap). Must be at least
-    /// `caps.maxEndpointsPerService`. Default: 20000.
+    /// Upstream endpoints of one selected service (before the cap): the service is contained.
+    /// Must be at least `caps.maxEndpointsPerService`. Default: 20000.
     #[serde(default = "default_endpoints_per_service")]
     #[schemars(range(min = 1))]
     pub endpoints_per_service: u32,
+    /// Upstream events per second concerning one selected service, sustained for
+    /// `sustainedFor`: the service is contained. Default: 200 (a rollout of a 1,000-pod
+    /// Deployment stays under it; a ReplicaSet of crash-looping pods does not).
+    #[serde(default = "default_service_events_per_second")]
+    #[schemars(range(min = 1))]
+    pub service_events_per_second: u32,
+    /// Services contained at once above which the whole link is quarantined: that many
+    /// services flooding together is the remote failing, not one workload. Default: 10.
+    #[serde(default = "default_contained_services")]
+    #[schemars(range(min = 1))]
+    pub contained_services: u32,
 }
 
 impl Default for QuarantineWhen {
@@ -277,6 +294,8 @@ impl Default for QuarantineWhen {
             events_per_second: default_events_per_second(),
             sustained_for: default_sustained_for(),
             endpoints_per_service: default_endpoints_per_service(),
+            service_events_per_second: default_service_events_per_second(),
+            contained_services: default_contained_services(),
         }
     }
 }
@@ -291,6 +310,14 @@ fn default_sustained_for() -> KubeDuration {
 
 fn default_endpoints_per_service() -> u32 {
     20_000
+}
+
+fn default_service_events_per_second() -> u32 {
+    200
+}
+
+fn default_contained_services() -> u32 {
+    10
 }
 
 /// Opt-in release after a cool-down. When the re-check still sees a flood, the cool-down doubles,

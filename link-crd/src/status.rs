@@ -49,9 +49,47 @@ pub struct LinkStatus {
     /// Present while the link is quarantined: since when, why, and the figures that caused it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantine: Option<QuarantineStatus>,
+    /// Present while services are contained: how many, and the first few by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contained_services: Option<ContainedServicesStatus>,
     /// Running totals since the link started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters: Option<Counters>,
+}
+
+/// The services a link contains: each stays served at its last published state until
+/// released, while the link's other services keep flowing.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainedServicesStatus {
+    /// Services contained now.
+    pub count: i64,
+    /// The first few (at most [`ContainedServicesStatus::FIRST`]), by namespace and name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first: Vec<ContainedServiceStatus>,
+}
+
+impl ContainedServicesStatus {
+    /// Contained services named in status at most: status stays small however many there are.
+    pub const FIRST: usize = 5;
+}
+
+/// One contained service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainedServiceStatus {
+    /// `namespace/name`.
+    pub service: String,
+    /// A CamelCase reason: `EndpointsPerService`, `ServiceEventRate` or `Manual`.
+    pub reason: String,
+    /// When it was contained.
+    pub since: Time,
+    /// A sentence for people.
+    #[serde(default)]
+    pub message: String,
+    /// The measurements that crossed a threshold, with the thresholds, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub figures: BTreeMap<String, i64>,
 }
 
 /// Why and since when a link is quarantined.
@@ -60,7 +98,7 @@ pub struct LinkStatus {
 pub struct QuarantineStatus {
     /// When the quarantine began.
     pub since: Time,
-    /// A CamelCase reason: `EventRate`, `EndpointsPerService`, `ObjectCount` or `Manual`.
+    /// A CamelCase reason: `EventRate`, `ObjectCount`, `ContainedServices` or `Manual`.
     pub reason: String,
     /// A sentence for people.
     #[serde(default)]

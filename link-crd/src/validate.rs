@@ -147,8 +147,17 @@ pub fn validate(spec: &LinkSpec, prefix: &str) -> Result<(), ValidationErrors> {
     }
 
     let when = &spec.quarantine.when;
-    if when.events_per_second == 0 {
-        errs.add("quarantine.when.eventsPerSecond", "must be at least 1");
+    for (value, path) in [
+        (when.events_per_second, "quarantine.when.eventsPerSecond"),
+        (
+            when.service_events_per_second,
+            "quarantine.when.serviceEventsPerSecond",
+        ),
+        (when.contained_services, "quarantine.when.containedServices"),
+    ] {
+        if value == 0 {
+            errs.add(path, "must be at least 1");
+        }
     }
     if when.sustained_for.get().as_secs() < 1 {
         errs.add(
@@ -163,7 +172,7 @@ pub fn validate(spec: &LinkSpec, prefix: &str) -> Result<(), ValidationErrors> {
         errs.add(
             "quarantine.when.endpointsPerService",
             format!(
-                "{} is below caps.maxEndpointsPerService ({}): the link would be quarantined before the cap could help",
+                "{} is below caps.maxEndpointsPerService ({}): the service would be contained before the cap could help",
                 when.endpoints_per_service, caps.max_endpoints_per_service
             ),
         );

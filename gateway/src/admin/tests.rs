@@ -15,10 +15,10 @@ use tokio::sync::watch;
 use tower::ServiceExt as _;
 
 use super::*;
-use crate::churn::object::{Kind, Object};
 use crate::kubeapi::ApiStore;
 use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::link::{self, Connect};
+use crate::model::{Kind, Object};
 use crate::run::{RunConfig, TlsSource, health_router};
 use crate::view::{self, View};
 

@@ -13,7 +13,7 @@ use floodgate_link_crd::LinkSpec;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::object::NsName;
+use crate::model::NsName;
 
 const BUCKET: Duration = Duration::from_secs(1);
 

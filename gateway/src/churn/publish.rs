@@ -14,11 +14,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 
 use super::cap::{self, EndpointKey};
-use super::object::{
-    self, Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
-};
 use super::store::Store;
 use super::{Effect, Engine, GroupState, MAX_FETCHING};
+use crate::model::{
+    self, Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
+};
 use crate::view::Change as ViewChange;
 
 /// Publications between two scans of the pods being fetched, once that set is full.
@@ -154,11 +154,11 @@ fn desired_service(
     let mut objects = vec![Object::Service(annotated(service, &capped))];
     let mut pods: BTreeSet<NsName> = BTreeSet::new();
     for s in &capped.slices {
-        pods.extend(object::slice_pods(s));
+        pods.extend(model::slice_pods(s));
         objects.push(Object::EndpointSlice(s.clone()));
     }
     if let Some(ep) = &capped.endpoints {
-        pods.extend(object::endpoints_pods(ep));
+        pods.extend(model::endpoints_pods(ep));
         objects.push(Object::Endpoints(ep.clone()));
     }
     let mut replicasets = BTreeSet::new();

@@ -211,12 +211,13 @@ impl Machine {
         });
     }
 
-    /// An operator releases the link.
-    pub fn release(&mut self) -> Result<Transition, RequestError> {
+    /// Someone releases the link: `by` says who, for logs, Events and status ("an operator
+    /// through the admin API", "the Lease holder's record").
+    pub fn release(&mut self, by: &str) -> Result<Transition, RequestError> {
         if !self.is_frozen() {
             return Err(RequestError::NotQuarantined);
         }
-        Ok(self.enter(State::Active, "released by an operator".to_owned()))
+        Ok(self.enter(State::Active, format!("released by {by}")))
     }
 
     /// Moves time on: starts a due re-check, or passes one that saw no flood. A re-check passes

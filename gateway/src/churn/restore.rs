@@ -13,11 +13,11 @@ use tokio::time::Instant;
 
 use super::cap::slice_endpoint_key;
 use super::flood::Trigger;
-use super::object::{
+use super::{Engine, GroupState};
+use crate::model::{
     Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, endpoints_pods, pod_replicasets,
     slice_pods, slice_service,
 };
-use super::{Engine, GroupState};
 use crate::view::Change as ViewChange;
 
 /// A quarantine as saved on disk, in the engine's terms.

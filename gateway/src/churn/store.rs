@@ -6,18 +6,18 @@
 //! costs its decoding and a hash lookup, nothing more: that is what keeps a flood of pods behind
 //! an unselected service away from the consumers and out of memory.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::core::{Selector, SelectorExt};
 
-use super::object::{
+use crate::model::{
     Group, Kind, NsName, ObjKey, Object, Server, endpoints_pods, pod_replicasets, slice_pod_refs,
     slice_pods, slice_service,
 };
-use super::select::Selector;
 
 /// What a change touched.
 #[derive(Debug, Default)]
@@ -31,7 +31,9 @@ pub struct Touched {
 /// The cache.
 #[derive(Debug)]
 pub struct Store {
-    selector: Selector,
+    /// The Link's service selector; `None` when it does not parse (validation refuses such a
+    /// spec, so this is a last defence): then nothing is selected rather than everything.
+    selector: Option<Selector>,
     services: HashMap<NsName, Arc<Service>>,
     slices: HashMap<NsName, Arc<EndpointSlice>>,
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
@@ -50,7 +52,7 @@ impl Store {
     /// An empty cache selecting services with `selector`.
     pub fn new(selector: &LabelSelector) -> Self {
         Self {
-            selector: Selector::from(selector),
+            selector: Selector::try_from(selector.clone()).ok(),
             services: HashMap::new(),
             slices: HashMap::new(),
             slices_by_service: HashMap::new(),
@@ -96,7 +98,7 @@ impl Store {
     pub fn is_selected(&self, svc: &NsName) -> bool {
         self.services
             .get(svc)
-            .is_some_and(|s| self.selector.matches(s.metadata.labels.as_ref()))
+            .is_some_and(|s| selects(self.selector.as_ref(), s.metadata.labels.as_ref()))
     }
 
     /// Keys of every held object of a kind (for relist reconciliation).
@@ -381,5 +383,102 @@ impl Store {
             .collect();
         v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         v
+    }
+}
+
+/// True when `selector` selects an object with `labels`: the empty selector selects everything,
+/// an invalid one (`None`) nothing.
+fn selects(selector: Option<&Selector>, labels: Option<&BTreeMap<String, String>>) -> bool {
+    static NONE: BTreeMap<String, String> = BTreeMap::new();
+    selector.is_some_and(|s| s.matches(labels.unwrap_or(&NONE)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn req(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| (*v).to_owned()).collect()),
+        }
+    }
+
+    fn compile(sel: &LabelSelector) -> Option<Selector> {
+        Selector::try_from(sel.clone()).ok()
+    }
+
+    #[test]
+    fn the_default_link_selector_takes_both_linkerd_export_modes() {
+        let sel = compile(&floodgate_link_crd::SelectSpec::default().services);
+        let sel = sel.as_ref();
+        assert!(selects(
+            sel,
+            Some(&labels(&[("mirror.linkerd.io/exported", "true")]))
+        ));
+        assert!(selects(
+            sel,
+            Some(&labels(&[(
+                "mirror.linkerd.io/exported",
+                "remote-discovery"
+            )]))
+        ));
+        assert!(!selects(
+            sel,
+            Some(&labels(&[("mirror.linkerd.io/exported", "false")]))
+        ));
+        assert!(!selects(sel, None));
+    }
+
+    #[test]
+    fn every_operator() {
+        let sel = compile(&LabelSelector {
+            match_labels: Some(labels(&[("app", "web")])),
+            match_expressions: Some(vec![
+                req("tier", "NotIn", &["db"]),
+                req("team", "Exists", &[]),
+                req("legacy", "DoesNotExist", &[]),
+            ]),
+        });
+        let sel = sel.as_ref();
+        assert!(selects(
+            sel,
+            Some(&labels(&[("app", "web"), ("team", "a")]))
+        ));
+        assert!(!selects(
+            sel,
+            Some(&labels(&[("app", "web"), ("team", "a"), ("tier", "db")]))
+        ));
+        assert!(
+            !selects(sel, Some(&labels(&[("app", "web")]))),
+            "team must exist"
+        );
+        assert!(!selects(
+            sel,
+            Some(&labels(&[("app", "web"), ("team", "a"), ("legacy", "")]))
+        ));
+        let all = compile(&LabelSelector::default());
+        assert!(
+            selects(all.as_ref(), None),
+            "the empty selector selects everything"
+        );
+        let bad = compile(&LabelSelector {
+            match_expressions: Some(vec![req("a", "Like", &["x"])]),
+            match_labels: None,
+        });
+        assert!(bad.is_none(), "an unknown operator does not compile");
+        assert!(
+            !selects(bad.as_ref(), Some(&labels(&[("a", "x")]))),
+            "and selects nothing"
+        );
     }
 }

@@ -10,9 +10,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlic
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::time::{self, Instant};
 
-use super::object::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
 use super::quarantine::{RequestError, State};
 use super::{Change, Effect, Engine};
+use crate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
 use crate::view::{Event, View};
 
 pub(crate) fn mk_spec() -> LinkSpec {

@@ -109,6 +109,7 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
         observed_generation: obs.generation,
         conditions,
         quarantine,
+        contained_services: None,
         counters: obs.state.map(|s| Counters {
             services: clamp(s.counters.services),
             endpoints_published: clamp(s.counters.endpoints_published),

@@ -17,7 +17,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::sync::broadcast;
 
 use super::snapshot;
-use crate::churn::object::{Kind, NsName, Object, SERVICE_NAME_LABEL};
+use crate::model::{Kind, NsName, Object, slice_service};
 use crate::view::{Event, EventType, View};
 
 /// The watched part of a view.
@@ -35,15 +35,6 @@ pub struct Index {
     slices_floor: u64,
     /// The newest view version folded in.
     version: u64,
-}
-
-/// The service a slice belongs to: its namespace and its `kubernetes.io/service-name` label.
-pub fn slice_service(slice: &EndpointSlice) -> Option<NsName> {
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    Some(NsName::new(
-        slice.metadata.namespace.as_deref().unwrap_or_default(),
-        name,
-    ))
 }
 
 impl Index {

@@ -6,7 +6,7 @@ use floodgate_proto::v1::{Endpoint, EndpointSnapshot, Port};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::churn::object::NsName;
+use crate::model::NsName;
 
 /// The annotation on a published Service that counts the endpoints the cap withheld.
 pub const TRUNCATED_ANNOTATION: &str = "floodgate.dev/endpoints-truncated";
@@ -104,7 +104,7 @@ pub(crate) mod tests {
     use k8s_openapi::api::discovery::v1::{self as discovery, EndpointConditions};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use crate::churn::object::SERVICE_NAME_LABEL;
+    use crate::model::SERVICE_NAME_LABEL;
 
     pub(crate) fn mk_service(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Service {
         Service {

@@ -18,7 +18,7 @@ use tonic::Status;
 
 use super::MirrorLink;
 use super::index::Index;
-use crate::churn::object::NsName;
+use crate::model::NsName;
 
 /// Snapshots built and waiting for the consumer, per stream. Snapshots are only built when
 /// there is room, so this bounds the stream's memory to this many snapshots of at most

@@ -13,7 +13,7 @@ use tonic::{Code, Request};
 
 use super::snapshot::tests::{mk_endpoint, mk_service, mk_slice};
 use super::*;
-use crate::churn::object::Object;
+use crate::model::Object;
 use crate::view::{Change, FANOUT_BACKLOG};
 
 struct Fixture {
@@ -219,8 +219,8 @@ async fn a_stream_follows_changes_and_deletions() {
         [true, false]
     );
 
-    f.east.apply([Change::Delete(crate::churn::object::ObjKey {
-        kind: crate::churn::object::Kind::Service,
+    f.east.apply([Change::Delete(crate::model::ObjKey {
+        kind: crate::model::Kind::Service,
         id: NsName::new("prod", "db"),
     })]);
     let d = next(&mut s).await;

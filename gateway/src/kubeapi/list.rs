@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::query::{Query, RvMatch, parse_rv};
 use super::resource::{ResourceDef, table_cells, table_columns};
 use super::status::{Reason, StatusError};
-use crate::churn::object::NsName;
+use crate::model::NsName;
 use crate::view::pages::Items;
 use crate::view::{ResumeError, Stored, View};
 
@@ -234,7 +234,7 @@ impl ContinueToken {
 
 /// `namespace/name` in a token.
 mod ns_name {
-    use crate::churn::object::NsName;
+    use crate::model::NsName;
 
     pub fn serialize<S: serde::Serializer>(k: &NsName, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&format_args!("{}/{}", k.namespace, k.name))

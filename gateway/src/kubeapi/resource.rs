@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::churn::object::Kind;
+use crate::model::Kind;
 
 /// One served resource.
 #[derive(Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use super::{Api, ApiStore, Links, links_router, router};
-use crate::churn::object::Object;
+use crate::model::Object;
 use crate::view::{Change, View};
 
 struct Fixed(View);
@@ -295,7 +295,7 @@ async fn events_are_accepted_and_discarded() {
     );
     assert_eq!(api.counters.snapshot().events_discarded, 1);
     assert_eq!(
-        api.store().view().len(crate::churn::object::Kind::Service),
+        api.store().view().len(crate::model::Kind::Service),
         3,
         "nothing written"
     );

@@ -18,9 +18,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE, link_state};
-use crate::churn::object::Kind;
 use crate::churn::quarantine::State;
 use crate::churn::{Effect, Engine};
+use crate::model::Kind;
 use crate::persist::LinkDir;
 use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
 use crate::view::View;
@@ -97,7 +97,11 @@ pub(super) async fn run(
             Some(cmd) = commands.recv() => {
                 let now = Instant::now();
                 let (result, reply) = match cmd {
-                    Command::Release(reply) => (engine.release(), reply),
+                    Command::Release(by, reply) => (engine.release(&by), reply),
+                    Command::SetDeciding(deciding) => {
+                        engine.set_deciding(deciding);
+                        continue;
+                    }
                     Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
                     Command::Reconnect(super::Reconnect(c)) => {
                         // Messages of the old upstream are told apart by their generation.

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::wire::Wire;
 use super::{MAX_OBJECT_BYTES, UpstreamCounters};
-use crate::churn::object::{Kind, NsName, Object};
+use crate::model::{Kind, NsName, Object};
 
 /// The length of `o`'s JSON encoding, counted without building it.
 pub fn encoded_len<K: serde::Serialize>(o: &K) -> usize {

@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 
 use super::{MAX_OBJECT_BYTES, Message, UpstreamCounters, fetch_pods};
 use crate::churn::Change;
-use crate::churn::object::{NsName, Object};
 use crate::kubeapi;
+use crate::model::{NsName, Object};
 use crate::view::{self, View};
 
 fn pod(name: &str, note: &str) -> Object {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Stored;
-use crate::churn::object::Kind;
+use crate::model::Kind;
 
 /// How long a snapshot outlives its last page (the API server's etcd compacts every 5 minutes).
 pub const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
@@ -97,16 +97,15 @@ mod tests {
     fn items(n: usize) -> Items {
         (0..n)
             .map(|i| {
-                let o = crate::churn::object::Object::Service(Arc::new(
-                    k8s_openapi::api::core::v1::Service {
+                let o =
+                    crate::model::Object::Service(Arc::new(k8s_openapi::api::core::v1::Service {
                         metadata: kube::api::ObjectMeta {
                             name: Some(format!("s{i}")),
                             namespace: Some("ns".into()),
                             ..Default::default()
                         },
                         ..Default::default()
-                    },
-                ));
+                    }));
                 Arc::new(Stored::new(o, 1))
             })
             .collect()

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use tokio::time::{self, Instant};
 
 use super::*;
-use crate::churn::object::slice_pods;
+use crate::model::slice_pods;
 
 const SERVICES: [&str; 3] = ["a", "b", "c"];
 const SLICES: [&str; 2] = ["x", "y"];

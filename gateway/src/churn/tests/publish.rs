@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::churn::object::{TOTAL_ANNOTATION, TRUNCATED_ANNOTATION};
+use crate::model::{TOTAL_ANNOTATION, TRUNCATED_ANNOTATION};
 
 fn pod_key(name: &str) -> ObjKey {
     ObjKey {

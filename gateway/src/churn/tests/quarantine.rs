@@ -62,7 +62,10 @@ async fn release_restarts_upstream_and_converges() {
         &mk_spec(),
         vec![mk_service("a", true), mk_service("b", true)],
     );
-    assert_eq!(e.release().err(), Some(RequestError::NotQuarantined));
+    assert_eq!(
+        e.release("an operator").err(),
+        Some(RequestError::NotQuarantined)
+    );
     e.quarantine(Instant::now(), "maintenance")
         .expect("quarantine");
     assert_eq!(
@@ -70,7 +73,7 @@ async fn release_restarts_upstream_and_converges() {
         Some(RequestError::AlreadyQuarantined)
     );
     assert!(e.take_effects().contains(&Effect::StopUpstream));
-    e.release().expect("release");
+    e.release("an operator").expect("release");
     assert!(e.take_effects().contains(&Effect::StartUpstream));
     relist(&mut e, vec![mk_service("a", true), mk_service("c", true)]);
     run(&mut e, Duration::from_secs(2), Duration::from_millis(50)).await;
@@ -99,7 +102,7 @@ async fn auto_release_backs_off_while_the_flood_persists() {
         vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
     );
     e.quarantine(Instant::now(), "x").expect("manual");
-    e.release().expect("manual release");
+    e.release("an operator").expect("manual release");
     relist(
         &mut e,
         vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
@@ -261,7 +264,7 @@ async fn a_restored_quarantine_serves_its_view_and_converges_on_release() {
     run(&mut e, Duration::from_secs(30), Duration::from_secs(1)).await;
     assert_eq!(e.view().len(Kind::Service), 2, "frozen while quarantined");
 
-    e.release().expect("released");
+    e.release("an operator").expect("released");
     assert!(e.take_effects().contains(&Effect::StartUpstream));
     relist(
         &mut e,

@@ -8,8 +8,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{ServeLimits, serve};
-use crate::churn::object::Object;
 use crate::kubeapi::{Api, router};
+use crate::model::Object;
 use crate::view::{Change, View};
 
 const TOKEN: &str = "t0k3n";

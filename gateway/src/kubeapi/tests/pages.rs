@@ -107,9 +107,9 @@ async fn pages_come_from_the_first_pages_snapshot() {
     let token = first["metadata"]["continue"].as_str().expect("a token");
     // The state moves on between the pages: one object gone, one added at the end.
     view.apply([
-        Change::Delete(crate::churn::object::ObjKey {
-            kind: crate::churn::object::Kind::Service,
-            id: crate::churn::object::NsName::new("prod", "web"),
+        Change::Delete(crate::model::ObjKey {
+            kind: crate::model::Kind::Service,
+            id: crate::model::NsName::new("prod", "web"),
         }),
         Change::Upsert(mk_service("zzz", "prod", "new")),
     ]);
