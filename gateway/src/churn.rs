@@ -2,13 +2,14 @@
 //! is fed changes and `tokio::time::Instant`s and never touches the network or the wall clock.
 //!
 //! ```text
-//! ingest(change, now) -> Store (upstream cache) --groups touched--> coalesce (quiet/max)
-//!                           |                                            |
-//!                     FloodDetector --trigger--> quarantine::Machine     v
-//!                                                                 ready queue (round robin)
-//! poll(now) --------------------------------------------------> link bucket, service bucket
-//!                                                                        |
-//!                                      cap (sticky subset) + diff ---> View (published)
+//! ingest(change, now) -> Store (upstream cache) --groups touched--> Scheduler (schedule.rs)
+//!                          |                                         leading edge, or coalesce
+//!            FloodDetector + Containment (contain.rs)                (quiet/max), round robin
+//!            a service floods: contained, its changes wait           over ready groups, link
+//!            the link floods: quarantine::Machine                    and service GCRA buckets
+//!                                                                            |
+//! poll(now) -------------------------------------------------------> Publisher (publish.rs)
+//!                                              cap (sticky subset) + diff ---> View
 //! ```
 //!
 //! The unit of coalescing, limiting and capping is a [`Group`]: a service with its slices,
@@ -17,31 +18,37 @@
 //! keeps coalescing and nothing final is lost. The first complete sync is published at once,
 //! outside the budget: limits apply to changes, never to a consumer's first sync.
 //!
+//! A service that floods on its own is *contained* (`contain.rs`): served at its last
+//! published state while every other service keeps flowing. Only what a whole link can exceed
+//! (objects held, the link-wide rate of the services that are not contained, too many services
+//! contained at once) quarantines the link, and a quarantine before the first sync publishes
+//! what was listed, capped, so a flood never keeps a link from syncing.
+//!
 //! The caller (the link task) calls [`Engine::ingest`] for every upstream change, then
 //! [`Engine::poll`] and sleeps until the instant it returns; it carries out
-//! [`Engine::take_effects`] (stop or restart upstream) and reports transitions.
+//! [`Engine::take_effects`] (stop or restart upstream, fetch pods) and reports transitions.
 
 pub mod cap;
+pub mod contain;
 pub mod flood;
 pub mod limit;
-mod publish;
+pub mod publish;
 pub mod quarantine;
 pub mod restore;
 mod schedule;
 pub mod store;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use floodgate_link_crd::{LinkSpec, Phase};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use self::cap::EndpointKey;
+use self::contain::{Contained, Containment};
 use self::flood::{FloodDetector, Trigger};
-use self::limit::{Budget, FedClock, Limiter};
-use self::quarantine::{Machine, RequestError, State, Transition};
+use self::publish::Publisher;
+use self::quarantine::{Machine, RequestError, State, StateName, Transition};
+use self::schedule::Scheduler;
 use self::store::Store;
 use crate::model::{Group, Kind, NsName, ObjKey, Object};
 use crate::view::{DEFAULT_HISTORY_AGE, View};
@@ -72,7 +79,8 @@ pub enum Effect {
     /// Fetch these pods and hand them back as [`Change::Fetched`]: kept endpoints point at
     /// them but their last event came before the endpoints did.
     FetchPods(Vec<NsName>),
-    /// The quarantine state changed: log it, record an event, update status.
+    /// The link's quarantine or a service's containment changed: log it, record an event,
+    /// update status, save it.
     Transition(Transition),
 }
 
@@ -86,6 +94,8 @@ pub struct Counters {
     pub relevant_events: u64,
     /// Changes that concerned nothing the link serves.
     pub irrelevant_events: u64,
+    /// Changes of contained services, held back until they are released.
+    pub contained_events: u64,
     /// Changes absorbed into a publication already pending.
     pub coalesced: u64,
     /// Publications made.
@@ -104,123 +114,90 @@ pub struct Counters {
     pub pods_fetched: u64,
 }
 
-/// Pod fetches outstanding at most. A fetch is asked only for a pod a *kept* endpoint points
-/// at, so this is bounded by the cap anyway; 4096 keeps a start-up against thousands of
-/// services from queueing more GETs than the remote should see at once.
-const MAX_FETCHING: usize = 4096;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Slot {
-    Idle,
-    Pending { first: Instant, last: Instant },
-    Ready,
-    Parked,
+/// What the engine counts itself (the rest comes from its parts).
+#[derive(Clone, Copy, Debug, Default)]
+struct Ingested {
+    upstream: u64,
+    relevant: u64,
+    irrelevant: u64,
+    contained: u64,
+    coalesced: u64,
 }
 
-#[derive(Debug)]
-struct GroupState {
-    slot: Slot,
-    bucket: Limiter<FedClock>,
-    objects: BTreeSet<ObjKey>,
-    endpoints: HashSet<EndpointKey>,
-    truncated: usize,
-}
-
-impl GroupState {
-    /// A group seen for the first time: idle, with a full bucket, nothing published.
-    fn new(budget: &Budget<FedClock>) -> Self {
-        Self {
-            slot: Slot::Idle,
-            bucket: budget.service_bucket(),
-            objects: BTreeSet::new(),
-            endpoints: HashSet::new(),
-            truncated: 0,
-        }
-    }
-}
-
-/// The engine of one link.
-#[derive(Debug)]
-pub struct Engine {
-    quiet: Duration,
-    max_delay: Duration,
-    max_endpoints: usize,
-    max_services: u64,
-    origin: Instant,
-    clock: FedClock,
-    budget: Budget<FedClock>,
-    store: Store,
-    view: View,
-    flood: FloodDetector,
-    machine: Machine,
-    groups: HashMap<Group, GroupState>,
-    due: BinaryHeap<Reverse<(Instant, Group)>>,
-    ready: VecDeque<Group>,
-    parked: BinaryHeap<Reverse<(Instant, Group)>>,
-    link_wait: Option<Instant>,
-    obj_refs: HashMap<ObjKey, u32>,
+/// Which kinds have listed, and what a relist in progress has seen.
+#[derive(Debug, Default)]
+struct Sync {
     kinds: Vec<Kind>,
     synced: HashSet<Kind>,
     relisting: HashMap<Kind, HashSet<NsName>>,
-    /// Pods asked for and not seen since.
-    fetching: HashSet<NsName>,
-    /// The publication count at which a full `fetching` may be scanned again.
-    fetch_prune_at: u64,
-    synced_once: bool,
+    /// True once every kind has listed and the view was published (or the link was
+    /// quarantined before that and published what it had).
+    once: bool,
+}
+
+impl Sync {
+    fn all(&self) -> bool {
+        self.kinds.iter().all(|k| self.synced.contains(k))
+    }
+
+    fn clear(&mut self) {
+        self.synced.clear();
+        self.relisting.clear();
+    }
+}
+
+/// The engine of one link: an upstream cache, a publication schedule, a publisher, the
+/// containment of services that flood and the quarantine of the link.
+#[derive(Debug)]
+pub struct Engine {
+    store: Store,
+    schedule: Scheduler,
+    publisher: Publisher,
+    flood: FloodDetector,
+    containment: Containment,
+    machine: Machine,
+    sync: Sync,
     /// False on a replica that does not hold the link's Lease: floods are measured, never
     /// acted on (the holder decides; this replica follows its record).
     deciding: bool,
+    /// After a quarantine: converge every group to upstream through the budget.
     republish: bool,
     effects: Vec<Effect>,
-    counters: Counters,
+    ingested: Ingested,
 }
 
 impl Engine {
     /// An engine for a validated spec, following `kinds` upstream, publishing into `view`.
     pub fn new(spec: &LinkSpec, kinds: &[Kind], view: View, now: Instant) -> Self {
-        let clock = FedClock::default();
         Self {
-            quiet: spec.coalesce.quiet.get(),
-            max_delay: spec.coalesce.max.get(),
-            max_endpoints: spec.caps.max_endpoints_per_service as usize,
-            max_services: spec.caps.max_services.into(),
-            origin: now,
-            budget: Budget::new(
-                &spec.rate_limit.per_link,
-                &spec.rate_limit.per_service,
-                clock.clone(),
-            ),
-            clock,
             store: Store::new(&spec.select.services),
-            view,
+            schedule: Scheduler::new(spec, now),
+            publisher: Publisher::new(
+                view,
+                spec.caps.max_endpoints_per_service as usize,
+                spec.caps.max_services.into(),
+            ),
             flood: FloodDetector::new(spec),
+            containment: Containment::new(spec),
             machine: Machine::new(
                 spec.quarantine.auto_release,
                 spec.quarantine.when.sustained_for.get(),
             ),
-            groups: HashMap::new(),
-            due: BinaryHeap::new(),
-            ready: VecDeque::new(),
-            parked: BinaryHeap::new(),
-            link_wait: None,
-            obj_refs: HashMap::new(),
-            kinds: kinds.to_vec(),
-            synced: HashSet::new(),
-            relisting: HashMap::new(),
-            fetching: HashSet::new(),
-            fetch_prune_at: 0,
-            synced_once: false,
+            sync: Sync {
+                kinds: kinds.to_vec(),
+                ..Sync::default()
+            },
             deciding: true,
             republish: false,
             effects: Vec::new(),
-            counters: Counters::default(),
+            ingested: Ingested::default(),
         }
     }
 
     /// Sets the kinds followed upstream (known once the remote's discovery answered; a link
     /// restored from disk starts before that).
     pub fn set_kinds(&mut self, kinds: &[Kind]) {
-        self.kinds = kinds.to_vec();
+        self.sync.kinds = kinds.to_vec();
     }
 
     /// Whether this engine acts on the floods it measures (true unless another replica holds
@@ -231,17 +208,32 @@ impl Engine {
 
     /// The published view.
     pub fn view(&self) -> &View {
-        &self.view
+        self.publisher.view()
     }
 
     /// Running totals.
     pub fn counters(&self) -> Counters {
-        self.counters
+        let p = self.publisher.counters();
+        let i = self.ingested;
+        Counters {
+            upstream_events: i.upstream,
+            relevant_events: i.relevant,
+            irrelevant_events: i.irrelevant,
+            contained_events: i.contained,
+            coalesced: i.coalesced,
+            downstream_updates: p.downstream_updates,
+            throttled: self.schedule.throttled,
+            services: p.services,
+            services_withheld: p.services_withheld,
+            endpoints_published: p.endpoints_published,
+            endpoints_truncated: p.endpoints_truncated,
+            pods_fetched: p.pods_fetched,
+        }
     }
 
     /// Groups waiting to be published: coalescing, in line, or waiting for a token.
     pub fn pending(&self) -> usize {
-        self.due.len() + self.ready.len() + self.parked.len()
+        self.schedule.pending()
     }
 
     /// Upstream objects held.
@@ -249,26 +241,61 @@ impl Engine {
         self.store.len()
     }
 
-    /// Relevant upstream events in the last complete second.
-    pub fn events_last_second(&self) -> u64 {
-        self.flood.events_last_second()
+    /// Upstream objects held, by kind.
+    pub fn objects_by_kind(&self) -> [(Kind, usize); 6] {
+        self.store.counts()
     }
 
-    /// The quarantine state.
+    /// Groups with state held, in the schedule and in the publisher.
+    pub fn groups_held(&self) -> (usize, usize) {
+        (self.schedule.groups(), self.publisher.groups())
+    }
+
+    /// Relevant upstream events of the link (services that do not flood on their own) in the
+    /// last complete second.
+    pub fn events_last_second(&self) -> u64 {
+        self.flood.link.last_second()
+    }
+
+    /// The link's quarantine state.
     pub fn state(&self) -> &State {
         self.machine.state()
     }
 
-    /// True once every kind has completed its first list and the view was published.
+    /// The link's quarantine state, by name.
+    pub fn state_name(&self) -> StateName {
+        self.machine.state_name()
+    }
+
+    /// The contained services, by name.
+    pub fn contained(&self) -> Vec<Contained> {
+        self.containment.list()
+    }
+
+    /// The keys of what a service published (a contained one's frozen state, to save it).
+    pub fn published_keys(&self, svc: &NsName) -> Vec<ObjKey> {
+        self.publisher
+            .published(&Group::Service(svc.clone()))
+            .map(|p| p.objects.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Services contained now.
+    pub fn contained_count(&self) -> usize {
+        self.containment.count()
+    }
+
+    /// True once every kind has completed its first list and the view was published, or the
+    /// link was quarantined and published what it had: consumers may sync.
     pub fn synced_once(&self) -> bool {
-        self.synced_once
+        self.sync.once
     }
 
     /// Healthy, Throttled (publications wait for tokens) or Quarantined.
     pub fn phase(&self) -> Phase {
         if self.machine.is_frozen() {
             Phase::Quarantined
-        } else if !self.ready.is_empty() || !self.parked.is_empty() {
+        } else if self.schedule.throttled_now() {
             Phase::Throttled
         } else {
             Phase::Healthy
@@ -282,29 +309,38 @@ impl Engine {
 
     /// Takes one upstream change.
     pub fn ingest(&mut self, change: Change, now: Instant) {
-        self.counters.upstream_events += 1;
+        self.ingested.upstream += 1;
         if matches!(self.machine.state(), State::Quarantined(_)) {
             // Upstream is being stopped: what is still in flight is dropped with the cache.
             return;
         }
         match change {
             Change::InitStart(kind) => {
-                self.relisting.insert(kind, HashSet::new());
+                self.sync.relisting.insert(kind, HashSet::new());
             }
             Change::InitDone(kind) => {
-                let seen = self.relisting.remove(&kind).unwrap_or_default();
+                let seen = self.sync.relisting.remove(&kind).unwrap_or_default();
                 for id in self.store.keys(kind) {
                     if !seen.contains(&id) {
                         self.change(ObjKey { kind, id }, None, now, false);
                     }
                 }
-                self.synced.insert(kind);
+                self.sync.synced.insert(kind);
+                if matches!(kind, Kind::EndpointSlice | Kind::Endpoints) {
+                    // The upstream lists pods after slices and Endpoints: know which pods the
+                    // selections will want before they come (contained services keep theirs).
+                    for g in self.store.groups() {
+                        if !matches!(&g, Group::Service(svc) if self.containment.holds(svc)) {
+                            self.publisher.preselect(&g, &mut self.store);
+                        }
+                    }
+                }
             }
             Change::Fetched(obj) => {
                 let obj = obj.into_sanitized();
                 let key = obj.key();
-                if self.fetching.remove(&key.id)
-                    && self.store.wants_pod(&key.id)
+                if key.kind == Kind::Pod
+                    && self.publisher.take_fetched(&key.id)
                     && self.store.pod(&key.id).is_none()
                 {
                     self.change(key, Some(obj), now, false);
@@ -314,10 +350,15 @@ impl Engine {
                 let obj = obj.into_sanitized();
                 let key = obj.key();
                 if key.kind == Kind::Pod {
-                    self.fetching.remove(&key.id);
+                    self.publisher.seen(&key.id);
+                    if !self.publisher.wants(&key.id) && self.store.pod(&key.id).is_none() {
+                        // Behind no published endpoint: costs its decoding, nothing more.
+                        self.ingested.irrelevant += 1;
+                        return;
+                    }
                 }
-                // A relist is state, not churn: it does not count towards the event rate.
-                let listing = match self.relisting.get_mut(&key.kind) {
+                // A relist is state, not churn: it does not count towards the event rates.
+                let listing = match self.sync.relisting.get_mut(&key.kind) {
                     Some(seen) => {
                         seen.insert(key.id.clone());
                         true
@@ -328,7 +369,7 @@ impl Engine {
             }
             Change::Delete(key) => {
                 if key.kind == Kind::Pod {
-                    self.fetching.remove(&key.id);
+                    self.publisher.seen(&key.id);
                 }
                 self.change(key, None, now, true);
             }
@@ -337,45 +378,79 @@ impl Engine {
 
     fn change(&mut self, key: ObjKey, obj: Option<Object>, now: Instant, churn: bool) {
         let touched = self.store.change(&key, obj);
-        if !touched.relevant {
-            self.counters.irrelevant_events += 1;
+        let mut groups = touched.groups;
+        for pod in &touched.pods {
+            for svc in self.publisher.wanting(pod) {
+                let g = Group::Service(svc.clone());
+                if !groups.contains(&g) {
+                    groups.push(g);
+                }
+            }
+        }
+        if !touched.relevant && groups.is_empty() {
+            self.ingested.irrelevant += 1;
             return;
         }
-        self.counters.relevant_events += 1;
-        let mut trigger = if churn { self.flood.record(now) } else { None };
-        for g in touched.groups {
-            if let Group::Service(svc) = &g
-                && matches!(key.kind, Kind::EndpointSlice)
-            {
-                let n = self.store.endpoint_count(svc);
-                trigger = trigger.or_else(|| self.flood.check_endpoints(svc, n));
+        self.ingested.relevant += 1;
+        let mut link_counts = false;
+        for g in groups {
+            if let Group::Service(svc) = &g {
+                if key.kind == Kind::Service && self.store.service(svc).is_none() {
+                    // The service left upstream: its containment ends with it.
+                    if let Some(t) = self.containment.forget(svc) {
+                        self.effects.push(Effect::Transition(t));
+                    }
+                }
+                if churn {
+                    let flood = &self.flood;
+                    let (counts, over) = self.containment.record(svc, now, || flood.service_rate());
+                    link_counts |= counts;
+                    if let Some(over) = over {
+                        let trigger = self.flood.service_trigger(svc, over);
+                        self.contain(svc, now, trigger);
+                    }
+                }
+                if key.kind == Kind::EndpointSlice
+                    && let Some(t) = self
+                        .flood
+                        .check_endpoints(svc, self.store.endpoint_count(svc))
+                {
+                    self.contain(svc, now, t);
+                }
+                if self.containment.holds(svc) && self.publisher.has_published(&g) {
+                    // Contained: served at its last published state until released.
+                    self.ingested.contained += 1;
+                    continue;
+                }
+            } else {
+                link_counts = true;
             }
-            self.mark(g, now);
+            if self.schedule.mark(&g, now) {
+                self.ingested.coalesced += 1;
+            }
         }
-        if let Some(t) = trigger.or_else(|| self.flood.check_objects(self.store.len())) {
+        if churn
+            && link_counts
+            && let Some(over) = self.flood.link.record(now)
+        {
+            self.trip(now, self.flood.link_trigger(over));
+        }
+        if let Some(t) = self.flood.check_objects(self.store.len()) {
             self.trip(now, t);
         }
     }
 
-    fn mark(&mut self, g: Group, now: Instant) {
-        let budget = &self.budget;
-        let st = self
-            .groups
-            .entry(g.clone())
-            .or_insert_with(|| GroupState::new(budget));
-        match &mut st.slot {
-            Slot::Idle => {
-                st.slot = Slot::Pending {
-                    first: now,
-                    last: now,
-                };
-                self.due.push(Reverse((now + self.quiet, g)));
+    /// Contains a service that floods on its own; too many contained at once quarantine the
+    /// link.
+    fn contain(&mut self, svc: &NsName, now: Instant, trigger: Trigger) {
+        if !self.deciding || self.machine.is_frozen() {
+            return;
+        }
+        if let Some(t) = self.containment.contain(svc, now, trigger) {
+            self.effects.push(Effect::Transition(t));
+            if let Some(trigger) = self.containment.over_limit() {
+                self.trip(now, trigger);
             }
-            Slot::Pending { last, .. } => {
-                *last = now;
-                self.counters.coalesced += 1;
-            }
-            Slot::Ready | Slot::Parked => self.counters.coalesced += 1,
         }
     }
 
@@ -384,7 +459,7 @@ impl Engine {
             // Another replica holds the link's Lease: it decides, this one follows its record.
             return;
         }
-        if let Some(t) = self.machine.trip(now, trigger, self.synced_once) {
+        if let Some(t) = self.machine.trip(now, trigger, self.sync.once) {
             self.transitioned(t);
         }
     }
@@ -392,24 +467,24 @@ impl Engine {
     fn transitioned(&mut self, t: Transition) {
         match self.machine.state() {
             State::Quarantined(_) => {
-                if t.from == "Active" || t.from == "Rechecking" {
+                if matches!(t.from, StateName::Active | StateName::Rechecking) {
                     self.effects.push(Effect::StopUpstream);
                 }
-                self.store.clear();
-                self.synced.clear();
-                self.relisting.clear();
-                self.fetching.clear();
-                self.flood.reset();
-                self.due.clear();
-                self.ready.clear();
-                self.parked.clear();
-                for st in self.groups.values_mut() {
-                    st.slot = Slot::Idle;
+                if !self.sync.once {
+                    // A quarantine never means "unavailable": without a last good view, serve
+                    // what was listed, every service capped, and count as synced.
+                    self.publish_all();
                 }
+                self.store.clear();
+                self.sync.clear();
+                self.publisher.reset_upstream();
+                self.flood.link.reset();
+                self.containment.reset_rates();
+                self.schedule.clear();
             }
             State::Rechecking { .. } => self.effects.push(Effect::StartUpstream),
             State::Active => {
-                if t.from == "Quarantined" {
+                if t.from == StateName::Quarantined {
                     self.effects.push(Effect::StartUpstream);
                 }
                 self.republish = true;
@@ -420,9 +495,9 @@ impl Engine {
 
     /// An operator quarantines the link.
     pub fn quarantine(&mut self, now: Instant, message: &str) -> Result<Transition, RequestError> {
-        let t =
-            self.machine
-                .quarantine_manually(now, Trigger::manual(message), self.synced_once)?;
+        let t = self
+            .machine
+            .quarantine_manually(now, Trigger::manual(message), self.sync.once)?;
         self.transitioned(t.clone());
         Ok(t)
     }
@@ -434,60 +509,117 @@ impl Engine {
         Ok(t)
     }
 
+    /// Someone releases a contained service; `by` says who. It converges to upstream through
+    /// its budget, and is contained again if it still floods.
+    pub fn release_service(
+        &mut self,
+        svc: &NsName,
+        now: Instant,
+        by: &str,
+    ) -> Result<Transition, RequestError> {
+        let g = Group::Service(svc.clone());
+        if !self.containment.holds(svc)
+            && self.store.service(svc).is_none()
+            && !self.publisher.has_published(&g)
+        {
+            return Err(RequestError::UnknownService);
+        }
+        let t = self.containment.release(svc, by)?;
+        self.schedule.mark(&g, now);
+        self.effects.push(Effect::Transition(t.clone()));
+        Ok(t)
+    }
+
     /// Moves time on: publishes what is due and affordable. Returns when to poll again.
     pub fn poll(&mut self, now: Instant) -> Option<Instant> {
-        self.clock.set(now.saturating_duration_since(self.origin));
         if let Some(cutoff) = now.checked_sub(DEFAULT_HISTORY_AGE) {
-            self.view.expire_history(cutoff);
+            self.view().expire_history(cutoff);
         }
-        let all_synced = self.kinds.iter().all(|k| self.synced.contains(k));
+        let all_synced = self.sync.all();
         if let Some(t) = self.machine.tick(now, all_synced) {
             self.transitioned(t);
         }
-        if matches!(
-            self.machine.state(),
-            State::Active | State::Rechecking { .. }
-        ) && let Some(trigger) = self.flood.tick(now)
+        if !matches!(self.machine.state(), State::Quarantined(_))
+            && let Some(over) = self.flood.link.tick(now)
         {
-            self.trip(now, trigger);
+            self.trip(now, self.flood.link_trigger(over));
         }
-        let all_synced = self.kinds.iter().all(|k| self.synced.contains(k));
-        if self.machine.is_frozen() || !all_synced {
-            return earliest([self.machine.next_deadline(), self.flood.next_boundary()]);
-        }
-        if !self.synced_once {
-            // The first sync goes out at once and whole: consumers must sync fast.
-            self.synced_once = true;
-            self.republish = false;
-            for g in self.store.groups() {
-                self.publish(&g);
+        if !self.machine.is_frozen() && self.deciding {
+            let (store, flood) = (&self.store, &self.flood);
+            let over = |svc: &NsName| flood.check_endpoints(svc, store.endpoint_count(svc));
+            for t in self.containment.tick(now, all_synced, over) {
+                if t.to == StateName::Active
+                    && let Some(svc) = &t.service
+                {
+                    self.schedule.mark(&Group::Service(svc.clone()), now);
+                }
+                self.effects.push(Effect::Transition(t));
             }
+        }
+        let all_synced = self.sync.all();
+        let deadlines = [
+            self.machine.next_deadline(),
+            self.containment.next_deadline(),
+            self.flood.link.next_boundary(),
+        ];
+        if self.machine.is_frozen() || !all_synced {
+            return earliest(deadlines);
+        }
+        if !self.sync.once {
+            // The first sync goes out at once and whole: consumers must sync fast.
+            self.publish_all();
+            self.republish = false;
         }
         if self.republish {
             // After a quarantine: converge to upstream through the budget.
             self.republish = false;
             let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
-            all.extend(
-                self.groups
-                    .iter()
-                    .filter(|(_, s)| !s.objects.is_empty())
-                    .map(|(g, _)| g.clone()),
-            );
+            all.extend(self.publisher.published_groups().cloned());
             for g in all {
-                self.mark(g, now);
+                self.schedule.mark(&g, now);
             }
         }
-        self.promote(now);
-        self.publish_ready(now);
-        // A group is in at most one of the due, ready and parked queues (`mark` queues only on
-        // Idle -> Pending; `promote` re-queues what it pops), so `pending()` counts groups.
-        debug_assert!(self.pending() <= self.groups.len());
+        self.schedule.promote(now);
+        let mut link_token = false;
+        while let Some(g) = self.schedule.next(now, &mut link_token) {
+            self.publish(&g);
+        }
         earliest([
-            self.due.peek().map(|Reverse((t, _))| *t),
-            self.parked.peek().map(|Reverse((t, _))| *t),
-            self.link_wait,
-            self.flood.next_boundary(),
+            self.schedule.next_wake(),
+            self.containment.next_deadline(),
+            self.flood.link.next_boundary(),
         ])
+    }
+
+    /// Publishes every group the store could publish, outside the budget (the first sync, or a
+    /// quarantine that comes before it), and counts the link as synced.
+    fn publish_all(&mut self) {
+        self.sync.once = true;
+        for g in self.store.groups() {
+            self.publish(&g);
+        }
+    }
+
+    /// Publishes one group, unless it is a contained service that has published already;
+    /// forgets a group whose service is gone.
+    fn publish(&mut self, g: &Group) {
+        if let Group::Service(svc) = g
+            && self.containment.holds(svc)
+            && self.publisher.has_published(g)
+        {
+            return;
+        }
+        let fetch = self.publisher.publish(g, &mut self.store);
+        if !fetch.is_empty() {
+            self.effects.push(Effect::FetchPods(fetch));
+        }
+        let gone = match g {
+            Group::Service(svc) => self.store.service(svc).is_none(),
+            Group::Servers(ns) => self.store.servers_in(ns).is_empty(),
+        };
+        if gone && !self.publisher.has_published(g) {
+            self.schedule.forget(g);
+        }
     }
 }
 

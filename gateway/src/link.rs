@@ -17,11 +17,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::churn::quarantine::{RequestError, State, Transition};
+use crate::churn::flood::Reason;
+use crate::churn::quarantine::{RequestError, State, StateName, Transition};
 use crate::churn::{Counters, Engine};
 use crate::kubeapi::ApiStore;
 use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::kubeapi::status::StatusError;
+use crate::model::NsName;
 use crate::persist::LinkDir;
 use crate::upstream::UpstreamCounters;
 use crate::view::{DEFAULT_HISTORY, View};
@@ -67,7 +69,12 @@ pub struct LinkState {
     /// The figures (measurements and thresholds) that tripped the quarantine in force.
     pub quarantine_figures: BTreeMap<String, i64>,
     /// The quarantine machine's state: `Active`, `Quarantined` or `Rechecking`.
-    pub quarantine_state: &'static str,
+    pub quarantine_state: StateName,
+    /// The services contained now (at most `quarantine.when.containedServices` + 1: past that
+    /// the link is quarantined and contains no more), by name.
+    pub contained: Vec<ContainedService>,
+    /// Upstream objects held, by kind: what the link costs in memory.
+    pub objects_by_kind: BTreeMap<&'static str, usize>,
     /// Quarantine state changes so far.
     pub quarantine_transitions: u64,
     /// Upstream watch errors that were undecodable JSON.
@@ -84,11 +91,39 @@ pub struct LinkState {
     pub pending: usize,
 }
 
+/// A contained service, as the link shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainedService {
+    /// The service.
+    pub service: NsName,
+    /// `Contained` or `Rechecking`.
+    pub state: StateName,
+    /// What contained it.
+    pub reason: Reason,
+    /// For people.
+    pub message: String,
+    /// The measurements and thresholds that contained it.
+    pub figures: BTreeMap<String, i64>,
+    /// When it was contained (the engine's clock: convert at the edges).
+    #[serde(skip)]
+    pub since: Instant,
+    /// When its auto-release re-check starts, if it has one (the engine's clock).
+    #[serde(skip)]
+    pub next_check: Option<Instant>,
+}
+
 /// An operator's request to a link.
 #[derive(Debug)]
 pub enum Command {
     /// Release a quarantined link; the string says who asked.
     Release(String, oneshot::Sender<Result<Transition, RequestError>>),
+    /// Release a contained service; the string says who asked.
+    ReleaseService(
+        NsName,
+        String,
+        oneshot::Sender<Result<Transition, RequestError>>,
+    ),
     /// Act on floods (the Lease holder, or standalone) or only measure them (another replica
     /// holds the link's Lease and decides).
     SetDeciding(bool),
@@ -145,6 +180,18 @@ impl LinkHandle {
         let (tx, rx) = oneshot::channel();
         self.commands
             .send(Command::Quarantine(message, tx))
+            .await
+            .map_err(|_| LinkError::Stopped)?;
+        rx.await
+            .map_err(|_| LinkError::Stopped)?
+            .map_err(LinkError::Refused)
+    }
+
+    /// Asks the link to release one contained service; `by` says who asks.
+    pub async fn release_service(&self, svc: NsName, by: &str) -> Result<Transition, LinkError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::ReleaseService(svc, by.to_owned(), tx))
             .await
             .map_err(|_| LinkError::Stopped)?;
         rx.await
@@ -258,11 +305,25 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
             State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => Some(q.since),
         },
         quarantine_figures: quarantine_figures(engine.state()),
-        quarantine_state: match engine.state() {
-            State::Active => "Active",
-            State::Quarantined(_) => "Quarantined",
-            State::Rechecking { .. } => "Rechecking",
-        },
+        quarantine_state: engine.state_name(),
+        contained: engine
+            .contained()
+            .into_iter()
+            .map(|c| ContainedService {
+                service: c.service,
+                state: c.state,
+                reason: c.quarantine.trigger.reason,
+                message: c.quarantine.trigger.message,
+                figures: c.quarantine.trigger.figures,
+                since: c.quarantine.since,
+                next_check: c.quarantine.next_check,
+            })
+            .collect(),
+        objects_by_kind: engine
+            .objects_by_kind()
+            .into_iter()
+            .map(|(k, n)| (k.name(), n))
+            .collect(),
         quarantine_transitions: 0,
         upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
         upstream_forced_relists: counters.forced_relists.load(Ordering::Relaxed),

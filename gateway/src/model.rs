@@ -105,6 +105,13 @@ impl fmt::Debug for NsName {
     }
 }
 
+impl Serialize for NsName {
+    /// As `namespace/name`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl fmt::Display for NsName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)

@@ -21,6 +21,8 @@ use crate::churn::restore::Saved;
 use crate::model::{Kind, Object};
 use crate::view::View;
 
+pub mod contained;
+
 /// The file format's version; a file of another version is refused (and reported).
 const FORMAT: u32 = 1;
 
@@ -89,10 +91,7 @@ impl LinkDir {
 
     /// Saves a quarantine and the view consumers see (frozen while quarantined).
     pub fn save(&self, q: &Quarantine, now: Instant, view: &View) -> Result<(), PersistError> {
-        let age = now.saturating_duration_since(q.since);
-        let since = jiff::Timestamp::now()
-            .checked_sub(jiff::SignedDuration::try_from(age).unwrap_or_default())
-            .unwrap_or_else(|_| jiff::Timestamp::now());
+        let since = wall_since(now, q.since);
         let header = Header {
             format: FORMAT,
             link: self.link.clone(),
@@ -149,17 +148,11 @@ impl LinkDir {
             .map(Object::from_json)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.corrupt(format!("an object does not decode: {e}")))?;
-        let since: jiff::Timestamp = h
-            .since
-            .parse()
+        let since = instant_since(&h.since, now)
             .map_err(|e| self.corrupt(format!("since {:?}: {e}", h.since)))?;
-        let age = jiff::Timestamp::now()
-            .duration_since(since)
-            .try_into()
-            .unwrap_or(Duration::ZERO);
         Ok(Saved {
             trigger: h.trigger,
-            since: now.checked_sub(age).unwrap_or(now),
+            since,
             before_first_sync: h.before_first_sync,
             cooldown: h.cooldown_seconds.map(Duration::from_secs),
             objects,
@@ -182,6 +175,25 @@ impl LinkDir {
             why,
         }
     }
+}
+
+/// The wall-clock time of `since`, an instant of this run's clock (`now` is the same moment as
+/// the wall clock's now).
+fn wall_since(now: Instant, since: Instant) -> jiff::Timestamp {
+    let age = now.saturating_duration_since(since);
+    jiff::Timestamp::now()
+        .checked_sub(jiff::SignedDuration::try_from(age).unwrap_or_default())
+        .unwrap_or_else(|_| jiff::Timestamp::now())
+}
+
+/// The instant of this run's clock that a saved RFC 3339 time stands for.
+fn instant_since(saved: &str, now: Instant) -> Result<Instant, jiff::Error> {
+    let since: jiff::Timestamp = saved.parse()?;
+    let age = jiff::Timestamp::now()
+        .duration_since(since)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    Ok(now.checked_sub(age).unwrap_or(now))
 }
 
 /// Writes `bytes` to `path` atomically with file mode `mode`: a temporary file beside it,

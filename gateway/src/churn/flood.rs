@@ -1,9 +1,11 @@
-//! Flood detection: relevant upstream events per second sustained over time, endpoints of one
-//! service, objects held by the link.
+//! Flood detection: sustained event rates (of the link, and of each service), endpoints of one
+//! service, objects held by the link, services contained at once.
 //!
-//! Events are counted in one-second buckets. A bucket over `eventsPerSecond` starts (or extends)
-//! a run; a bucket at or under it ends the run. The link floods when a run has lasted
-//! `sustainedFor`. Events that concern no selected service are counted apart and never trip it.
+//! A [`Rate`] counts events in one-second buckets. A bucket over its threshold starts (or
+//! extends) a run; a bucket at or under it ends the run. The rate floods when a run has lasted
+//! `sustainedFor`. The link's rate counts only the events of services that are not flooding on
+//! their own (see [`super::contain`]), so one flooding service is contained without
+//! quarantining the link it belongs to.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,31 +19,45 @@ use crate::model::NsName;
 
 const BUCKET: Duration = Duration::from_secs(1);
 
-/// Why a link was quarantined.
+/// Why a link was quarantined or a service contained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reason {
-    /// Relevant upstream events per second stayed over the threshold.
+    /// Relevant upstream events per second of the link stayed over the threshold.
     EventRate,
-    /// One service had more upstream endpoints than the threshold.
+    /// One service had more upstream endpoints than the threshold (contains the service).
     EndpointsPerService,
+    /// One service's own events per second stayed over the threshold (contains the service).
+    ServiceEventRate,
     /// The link held more objects than `caps.maxObjects`.
     ObjectCount,
+    /// More services were contained at once than `quarantine.when.containedServices`.
+    ContainedServices,
     /// An operator asked for it.
     Manual,
 }
 
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Reason {
+    /// The CamelCase name, as status and metrics show it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
             Reason::EventRate => "EventRate",
             Reason::EndpointsPerService => "EndpointsPerService",
+            Reason::ServiceEventRate => "ServiceEventRate",
             Reason::ObjectCount => "ObjectCount",
+            Reason::ContainedServices => "ContainedServices",
             Reason::Manual => "Manual",
-        })
+        }
     }
 }
 
-/// What tripped a quarantine: the reason, a sentence, and the figures with their thresholds.
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What tripped a quarantine or a containment: the reason, a sentence, and the figures with
+/// their thresholds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trigger {
     /// The reason.
@@ -72,30 +88,48 @@ impl Trigger {
             figures: BTreeMap::new(),
         }
     }
+
+    /// More services contained at once than the link allows.
+    pub fn contained_services(count: usize, threshold: u32) -> Self {
+        Self::new(
+            Reason::ContainedServices,
+            format!(
+                "{count} services contained at once, over quarantine.when.containedServices {threshold}"
+            ),
+            &[
+                ("containedServices", count as u64),
+                ("thresholdContainedServices", threshold.into()),
+            ],
+        )
+    }
 }
 
-/// Sliding-window flood detector of one link.
-#[derive(Debug)]
-pub struct FloodDetector {
-    events_per_second: u64,
+/// A sustained-rate detector: events in one-second buckets, a run of buckets over a threshold.
+#[derive(Clone, Debug)]
+pub struct Rate {
+    threshold: u64,
     sustained_for: Duration,
-    endpoints_per_service: u64,
-    max_objects: u64,
     bucket_start: Option<Instant>,
     in_bucket: u64,
     last_bucket: u64,
     run_since: Option<Instant>,
 }
 
-impl FloodDetector {
-    /// A detector with the spec's thresholds.
-    pub fn new(spec: &LinkSpec) -> Self {
-        let when = &spec.quarantine.when;
+/// A rate over its threshold for long enough: the rate seen and how long it lasted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Over {
+    /// Events in the fullest of the last complete and the open bucket.
+    pub rate: u64,
+    /// How long the run has lasted.
+    pub lasted: Duration,
+}
+
+impl Rate {
+    /// A detector that floods past `threshold` events/s sustained for `sustained_for`.
+    pub fn new(threshold: u64, sustained_for: Duration) -> Self {
         Self {
-            events_per_second: when.events_per_second.into(),
-            sustained_for: when.sustained_for.get(),
-            endpoints_per_service: when.endpoints_per_service.into(),
-            max_objects: spec.caps.max_objects.into(),
+            threshold,
+            sustained_for,
             bucket_start: None,
             in_bucket: 0,
             last_bucket: 0,
@@ -103,30 +137,32 @@ impl FloodDetector {
         }
     }
 
-    /// Relevant events in the last complete second.
-    pub fn events_last_second(&self) -> u64 {
+    /// Events in the last complete second.
+    pub fn last_second(&self) -> u64 {
         self.last_bucket
     }
 
-    /// Forgets the current run (after a quarantine or release).
-    pub fn reset(&mut self) {
-        self.bucket_start = None;
-        self.in_bucket = 0;
-        self.last_bucket = 0;
-        self.run_since = None;
+    /// True while the open bucket is over the threshold: this source floods right now.
+    pub fn over_now(&self) -> bool {
+        self.in_bucket > self.threshold
     }
 
-    /// Counts one relevant event at `now`.
-    pub fn record(&mut self, now: Instant) -> Option<Trigger> {
+    /// Forgets the current run.
+    pub fn reset(&mut self) {
+        *self = Self::new(self.threshold, self.sustained_for);
+    }
+
+    /// Counts one event at `now`; says whether the rate floods.
+    pub fn record(&mut self, now: Instant) -> Option<Over> {
         self.roll(now);
         self.in_bucket += 1;
-        self.check_rate(now)
+        self.check(now)
     }
 
-    /// Closes elapsed buckets without an event (call from the engine's poll).
-    pub fn tick(&mut self, now: Instant) -> Option<Trigger> {
+    /// Closes elapsed buckets without an event; says whether the rate floods.
+    pub fn tick(&mut self, now: Instant) -> Option<Over> {
         self.roll(now);
-        self.check_rate(now)
+        self.check(now)
     }
 
     /// When the current bucket closes, if one is open.
@@ -142,10 +178,14 @@ impl FloodDetector {
         if now < start + BUCKET {
             return;
         }
-        // Close the current bucket.
-        self.close(start);
-        let elapsed = now.duration_since(start);
-        let whole = u32::try_from(elapsed.as_secs()).unwrap_or(u32::MAX);
+        self.last_bucket = self.in_bucket;
+        if self.in_bucket > self.threshold {
+            self.run_since.get_or_insert(start);
+        } else {
+            self.run_since = None;
+        }
+        self.in_bucket = 0;
+        let whole = u32::try_from(now.duration_since(start).as_secs()).unwrap_or(u32::MAX);
         if whole >= 2 {
             // At least one empty bucket passed: the run is broken.
             self.last_bucket = 0;
@@ -154,44 +194,92 @@ impl FloodDetector {
         self.bucket_start = Some(start + BUCKET * whole);
     }
 
-    fn close(&mut self, start: Instant) {
-        self.last_bucket = self.in_bucket;
-        if self.in_bucket > self.events_per_second {
-            self.run_since.get_or_insert(start);
-        } else {
-            self.run_since = None;
-        }
-        self.in_bucket = 0;
-    }
-
-    fn check_rate(&self, now: Instant) -> Option<Trigger> {
+    fn check(&self, now: Instant) -> Option<Over> {
         let start = self.bucket_start?;
-        let open_over = self.in_bucket > self.events_per_second;
         // A run is the complete buckets over the threshold since `run_since`, extended through
         // the open bucket once that one is over the threshold by itself.
-        let lasted = match (self.run_since, open_over) {
+        let lasted = match (self.run_since, self.over_now()) {
             (Some(since), true) => now.duration_since(since),
             (Some(since), false) => start.duration_since(since),
             (None, true) => now.duration_since(start),
             (None, false) => return None,
         };
-        if lasted < self.sustained_for {
-            return None;
+        (lasted >= self.sustained_for).then(|| Over {
+            rate: self.last_bucket.max(self.in_bucket),
+            lasted,
+        })
+    }
+}
+
+/// The thresholds of one link, and its link-wide event rate.
+#[derive(Debug)]
+pub struct FloodDetector {
+    /// The link-wide rate of relevant events of services that do not flood on their own.
+    pub link: Rate,
+    events_per_second: u64,
+    service_events_per_second: u64,
+    sustained_for: Duration,
+    endpoints_per_service: u64,
+    max_objects: u64,
+}
+
+impl FloodDetector {
+    /// A detector with the spec's thresholds.
+    pub fn new(spec: &LinkSpec) -> Self {
+        let when = &spec.quarantine.when;
+        let sustained_for = when.sustained_for.get();
+        Self {
+            link: Rate::new(when.events_per_second.into(), sustained_for),
+            events_per_second: when.events_per_second.into(),
+            service_events_per_second: when.service_events_per_second.into(),
+            sustained_for,
+            endpoints_per_service: when.endpoints_per_service.into(),
+            max_objects: spec.caps.max_objects.into(),
         }
-        let rate = self.last_bucket.max(self.in_bucket);
-        Some(Trigger::new(
+    }
+
+    /// A fresh rate for one service.
+    pub fn service_rate(&self) -> Rate {
+        Rate::new(self.service_events_per_second, self.sustained_for)
+    }
+
+    /// The trigger of a link-wide rate that floods.
+    pub fn link_trigger(&self, over: Over) -> Trigger {
+        Trigger::new(
             Reason::EventRate,
             format!(
-                "{rate} relevant upstream events/s, over {} for {}s",
+                "{} relevant upstream events/s, over {} for {}s",
+                over.rate,
                 self.events_per_second,
-                lasted.as_secs()
+                over.lasted.as_secs()
             ),
             &[
-                ("eventsPerSecond", rate),
+                ("eventsPerSecond", over.rate),
                 ("thresholdEventsPerSecond", self.events_per_second),
-                ("sustainedSeconds", lasted.as_secs()),
+                ("sustainedSeconds", over.lasted.as_secs()),
             ],
-        ))
+        )
+    }
+
+    /// The trigger of one service's rate that floods.
+    pub fn service_trigger(&self, service: &NsName, over: Over) -> Trigger {
+        Trigger::new(
+            Reason::ServiceEventRate,
+            format!(
+                "service {service}: {} upstream events/s, over {} for {}s",
+                over.rate,
+                self.service_events_per_second,
+                over.lasted.as_secs()
+            ),
+            &[
+                ("eventsPerSecond", over.rate),
+                (
+                    "thresholdServiceEventsPerSecond",
+                    self.service_events_per_second,
+                ),
+                ("sustainedSeconds", over.lasted.as_secs()),
+            ],
+        )
     }
 
     /// Checks one service's upstream endpoint count.
@@ -225,5 +313,35 @@ impl FloodDetector {
                 &[("objects", n), ("maxObjects", self.max_objects)],
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_floods_only_when_sustained() {
+        let mut r = Rate::new(10, Duration::from_secs(3));
+        let start = Instant::now();
+        let mut flooded = None;
+        // 20 events a second: over the threshold in every bucket.
+        for i in 0..100u32 {
+            let now = start + Duration::from_millis(50) * i;
+            if let Some(over) = r.record(now) {
+                flooded = Some((now - start, over));
+                break;
+            }
+        }
+        let (at, over) = flooded.expect("a sustained run floods");
+        assert!(
+            at >= Duration::from_secs(3),
+            "not before sustainedFor: {at:?}"
+        );
+        assert!(over.rate > 10);
+        // A gap of two seconds breaks the run.
+        let later = start + Duration::from_secs(20);
+        assert_eq!(r.tick(later), None);
+        assert!(r.record(later).is_none());
     }
 }

@@ -1,35 +1,91 @@
-//! One publication of one group: the group's desired downstream state, computed from the latest
-//! upstream state when its turn comes, diffed against what the group published before and
-//! applied to the view in one step.
+//! Publishing one group: its desired downstream state, computed from the latest upstream state
+//! when its turn comes, diffed against what the group published before and applied to the
+//! view in one step.
 //!
 //! For a service the desired state is the Service, its capped EndpointSlices and Endpoints,
-//! the pods the kept endpoints point at and those pods' ReplicaSets. A kept endpoint whose pod
-//! the store does not hold (its last event came before the slice that points at it, or before
-//! the link started) is asked for with [`Effect::FetchPods`]; the pod is published when the
-//! fetch answers, through the same budget as any change.
+//! the pods the kept endpoints point at and those pods' ReplicaSets. The pods a group's
+//! selection points at are its *wanted* pods: the store holds a pod only while some group
+//! wants it, so memory follows what is published, not the remote. A wanted pod the store does
+//! not hold (its event came before the selection wanted it) is asked for with
+//! [`super::Effect::FetchPods`] and published when the fetch answers, through the same budget as
+//! any change.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
+use serde::Serialize;
 
 use super::cap::{self, EndpointKey};
 use super::store::Store;
-use super::{Effect, Engine, GroupState, MAX_FETCHING};
 use crate::model::{
     self, Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
 };
-use crate::view::Change as ViewChange;
+use crate::view::{Change as ViewChange, View};
+
+/// Pod fetches outstanding at most. A fetch is asked only for a pod a *kept* endpoint points
+/// at, so this is bounded by the cap anyway; 4096 keeps a start-up against thousands of
+/// services from queueing more GETs than the remote should see at once.
+const MAX_FETCHING: usize = 4096;
 
 /// Publications between two scans of the pods being fetched, once that set is full.
 const PRUNE_EVERY: u64 = 512;
+
+/// What publishing has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishCounters {
+    /// Publications made.
+    pub downstream_updates: u64,
+    /// Selected services published.
+    pub services: u64,
+    /// Services withheld by `caps.maxServices`.
+    pub services_withheld: u64,
+    /// Endpoints published, across services.
+    pub endpoints_published: u64,
+    /// Endpoints withheld by `caps.maxEndpointsPerService`.
+    pub endpoints_truncated: u64,
+    /// Pods asked for with [`super::Effect::FetchPods`].
+    pub pods_fetched: u64,
+}
+
+/// What one group has published, and the pods its selection wants.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// The objects it published.
+    pub objects: BTreeSet<ObjKey>,
+    /// The endpoints it published (the cap sticks to them).
+    pub endpoints: HashSet<EndpointKey>,
+    /// Endpoints the cap withheld.
+    pub truncated: usize,
+    /// The pods its kept endpoints point at.
+    pub pods: BTreeSet<NsName>,
+}
+
+/// The published side of one link.
+#[derive(Debug)]
+pub struct Publisher {
+    view: View,
+    max_endpoints: usize,
+    max_services: u64,
+    groups: HashMap<Group, Published>,
+    /// Published objects shared by several groups (a pod behind two services), by count.
+    obj_refs: HashMap<ObjKey, u32>,
+    /// Pod -> the services whose selection points at it.
+    wanted: HashMap<NsName, Vec<NsName>>,
+    /// Pods asked for and not seen since.
+    fetching: HashSet<NsName>,
+    /// The publication count at which a full `fetching` may be scanned again.
+    fetch_prune_at: u64,
+    counters: PublishCounters,
+}
 
 /// What a service's publication holds.
 struct Desired {
     objects: Vec<Object>,
     endpoints: HashSet<EndpointKey>,
     truncated: usize,
-    missing_pods: Vec<NsName>,
+    pods: BTreeSet<NsName>,
 }
 
 impl Desired {
@@ -38,35 +94,131 @@ impl Desired {
             objects: Vec::new(),
             endpoints: HashSet::new(),
             truncated: 0,
-            missing_pods: Vec::new(),
+            pods: BTreeSet::new(),
         }
     }
 }
 
-impl Engine {
+impl Publisher {
+    /// Publishes into `view`, capping services at `max_endpoints` and the link at
+    /// `max_services` services.
+    pub fn new(view: View, max_endpoints: usize, max_services: u64) -> Self {
+        Self {
+            view,
+            max_endpoints,
+            max_services,
+            groups: HashMap::new(),
+            obj_refs: HashMap::new(),
+            wanted: HashMap::new(),
+            fetching: HashSet::new(),
+            fetch_prune_at: 0,
+            counters: PublishCounters::default(),
+        }
+    }
+
+    /// The view.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// What publishing has done so far.
+    pub fn counters(&self) -> PublishCounters {
+        self.counters
+    }
+
+    /// What a group published, if anything.
+    pub fn published(&self, g: &Group) -> Option<&Published> {
+        self.groups.get(g)
+    }
+
+    /// True when the group has published something.
+    pub fn has_published(&self, g: &Group) -> bool {
+        self.groups.get(g).is_some_and(|p| !p.objects.is_empty())
+    }
+
+    /// Groups that published something.
+    pub fn published_groups(&self) -> impl Iterator<Item = &Group> {
+        self.groups
+            .iter()
+            .filter(|(_, p)| !p.objects.is_empty())
+            .map(|(g, _)| g)
+    }
+
+    /// Groups with state held (published, or wanting pods).
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// True when some group's selection points at the pod.
+    pub fn wants(&self, pod: &NsName) -> bool {
+        self.wanted.contains_key(pod)
+    }
+
+    /// The services whose selection points at the pod.
+    pub fn wanting(&self, pod: &NsName) -> &[NsName] {
+        self.wanted.get(pod).map_or(&[], Vec::as_slice)
+    }
+
+    /// Pods wanted by some group.
+    pub fn wanted_pods(&self) -> usize {
+        self.wanted.len()
+    }
+
+    /// A watch event for the pod came: a fetch asked before is answered by it.
+    pub fn seen(&mut self, pod: &NsName) {
+        self.fetching.remove(pod);
+    }
+
+    /// A fetch answered: true when the pod was asked for and is still wanted.
+    pub fn take_fetched(&mut self, pod: &NsName) -> bool {
+        self.fetching.remove(pod) && self.wants(pod)
+    }
+
+    /// Forgets the fetches in flight (quarantine: upstream is stopped and its cache dropped;
+    /// what is published, and the pods it wants, stay).
+    pub fn reset_upstream(&mut self) {
+        self.fetching.clear();
+    }
+
+    /// Computes a service's selection without publishing it, so the pods it points at are
+    /// kept when they are listed (the first sync: slices are listed before pods).
+    pub fn preselect(&mut self, g: &Group, store: &mut Store) {
+        if let Group::Service(svc) = g
+            && let Some(service) = store.service(svc)
+        {
+            let previous = self.groups.get(g).map(|p| &p.endpoints);
+            let empty = HashSet::new();
+            let desired = desired_service(
+                store,
+                service,
+                svc,
+                previous.unwrap_or(&empty),
+                self.max_endpoints,
+            );
+            self.set_pods(g, desired.pods, store);
+        }
+    }
+
     /// Publishes a group's current state: what the cap keeps of it, diffed against what it
-    /// published before.
-    pub(super) fn publish(&mut self, g: &Group) {
-        let budget = &self.budget;
-        let st = self
-            .groups
-            .entry(g.clone())
-            .or_insert_with(|| GroupState::new(budget));
-        let was_published = !st.objects.is_empty();
-        let desired = match g {
-            Group::Service(svc) => match self.store.service(svc) {
+    /// published before. Returns the wanted pods to fetch (never more than [`MAX_FETCHING`]
+    /// in flight). A service whose state is gone upstream is published empty and forgotten.
+    pub fn publish(&mut self, g: &Group, store: &mut Store) -> Vec<NsName> {
+        let was_published = self.has_published(g);
+        let mut desired = match g {
+            Group::Service(svc) => match store.service(svc) {
                 None => Desired::empty(),
                 Some(_) if !was_published && self.counters.services >= self.max_services => {
                     self.counters.services_withheld += 1;
                     Desired::empty()
                 }
                 Some(service) => {
-                    desired_service(&self.store, service, svc, &st.endpoints, self.max_endpoints)
+                    let empty = HashSet::new();
+                    let previous = self.groups.get(g).map_or(&empty, |p| &p.endpoints);
+                    desired_service(store, service, svc, previous, self.max_endpoints)
                 }
             },
             Group::Servers(ns) => Desired {
-                objects: self
-                    .store
+                objects: store
                     .servers_in(ns)
                     .into_iter()
                     .map(Object::Server)
@@ -74,7 +226,15 @@ impl Engine {
                 ..Desired::empty()
             },
         };
+        let missing: Vec<NsName> = desired
+            .pods
+            .iter()
+            .filter(|p| store.pod(p).is_none())
+            .cloned()
+            .collect();
+        self.set_pods(g, std::mem::take(&mut desired.pods), store);
 
+        let st = self.groups.entry(g.clone()).or_default();
         let keys: BTreeSet<ObjKey> = desired.objects.iter().map(Object::key).collect();
         let mut changes: Vec<ViewChange> = Vec::with_capacity(desired.objects.len());
         for gone in st.objects.difference(&keys) {
@@ -101,27 +261,78 @@ impl Engine {
         st.objects = keys;
         st.endpoints = desired.endpoints;
         st.truncated = desired.truncated;
+        if st.objects.is_empty() && st.pods.is_empty() {
+            // Nothing published, nothing wanted: the group's state goes with its service.
+            self.groups.remove(g);
+        }
         if !self.view.apply(changes).is_empty() {
             c.downstream_updates += 1;
         }
-        self.request_pods(desired.missing_pods);
+        self.request_pods(missing)
     }
 
-    /// Asks the caller for pods that kept endpoints point at, once each while they stay
-    /// missing, and never more than [`MAX_FETCHING`] at a time.
-    fn request_pods(&mut self, missing: Vec<NsName>) {
-        if missing.is_empty() {
+    /// Installs a group's published state taken from a saved view (a restart in quarantine or
+    /// with contained services): the objects are in the view already.
+    pub fn install(&mut self, g: Group, published: Published) {
+        let c = &mut self.counters;
+        if matches!(g, Group::Service(_)) && !published.objects.is_empty() {
+            c.services += 1;
+        }
+        c.endpoints_published += published.endpoints.len() as u64;
+        c.endpoints_truncated += published.truncated as u64;
+        for key in &published.objects {
+            *self.obj_refs.entry(key.clone()).or_default() += 1;
+        }
+        if let Group::Service(svc) = &g {
+            for pod in &published.pods {
+                self.wanted
+                    .entry(pod.clone())
+                    .or_default()
+                    .push(svc.clone());
+            }
+        }
+        self.groups.insert(g, published);
+    }
+
+    /// The group's wanted pods become `pods`: new ones are wanted, the others released, and a
+    /// pod no group wants any more leaves the store.
+    fn set_pods(&mut self, g: &Group, pods: BTreeSet<NsName>, store: &mut Store) {
+        let Group::Service(svc) = g else {
             return;
+        };
+        let st = self.groups.entry(g.clone()).or_default();
+        for gone in st.pods.difference(&pods) {
+            if let Some(by) = self.wanted.get_mut(gone) {
+                by.retain(|s| s != svc);
+                if by.is_empty() {
+                    self.wanted.remove(gone);
+                    store.drop_pod(gone);
+                }
+            }
+        }
+        for new in pods.difference(&st.pods) {
+            self.wanted
+                .entry(new.clone())
+                .or_default()
+                .push(svc.clone());
+        }
+        st.pods = pods;
+    }
+
+    /// Asks the caller for wanted pods the store lacks, once each while they stay missing,
+    /// and never more than [`MAX_FETCHING`] at a time.
+    fn request_pods(&mut self, missing: Vec<NsName>) -> Vec<NsName> {
+        if missing.is_empty() {
+            return missing;
         }
         if self.fetching.len() + missing.len() > MAX_FETCHING
             && self.counters.downstream_updates >= self.fetch_prune_at
         {
-            // Forget pods whose fetch found nothing or that nothing points at any more. At most
+            // Forget pods whose fetch found nothing or that nothing wants any more. At most
             // once every PRUNE_EVERY publications: a full set of pods that stay missing must not
             // cost a scan of the set on every publication.
-            let store = &self.store;
-            self.fetching
-                .retain(|p| store.wants_pod(p) && store.pod(p).is_none());
+            let wanted = &self.wanted;
+            self.fetching.retain(|p| wanted.contains_key(p));
             self.fetch_prune_at = self.counters.downstream_updates + PRUNE_EVERY;
         }
         let mut ask = Vec::new();
@@ -133,10 +344,8 @@ impl Engine {
                 ask.push(pod);
             }
         }
-        if !ask.is_empty() {
-            self.counters.pods_fetched += ask.len() as u64;
-            self.effects.push(Effect::FetchPods(ask));
-        }
+        self.counters.pods_fetched += ask.len() as u64;
+        ask
     }
 }
 
@@ -162,14 +371,10 @@ fn desired_service(
         objects.push(Object::Endpoints(ep.clone()));
     }
     let mut replicasets = BTreeSet::new();
-    let mut missing_pods = Vec::new();
-    for id in pods {
-        match store.pod(&id) {
-            Some(p) => {
-                replicasets.extend(pod_replicasets(p));
-                objects.push(Object::Pod(p.clone()));
-            }
-            None => missing_pods.push(id),
+    for id in &pods {
+        if let Some(p) = store.pod(id) {
+            replicasets.extend(pod_replicasets(p));
+            objects.push(Object::Pod(p.clone()));
         }
     }
     for id in &replicasets {
@@ -181,7 +386,7 @@ fn desired_service(
         objects,
         endpoints: capped.published,
         truncated: capped.truncated,
-        missing_pods,
+        pods,
     }
 }
 

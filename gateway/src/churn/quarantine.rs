@@ -1,4 +1,5 @@
-//! The quarantine state machine of one link.
+//! The quarantine state machine of one link, and the containment machine of one service (the
+//! same states; a service's frozen state is named `Contained`).
 //!
 //! ```text
 //!            trip / manual quarantine
@@ -10,26 +11,28 @@
 //!     +-------- re-check passes (sustainedFor without a trigger) --+
 //! ```
 //!
-//! While Quarantined the view is frozen and upstream is stopped; while Rechecking upstream runs
-//! again but nothing is published until the re-check passes. Manual quarantines are released
-//! only by an operator.
+//! While a link is Quarantined its view is frozen and upstream is stopped; while Rechecking
+//! upstream runs again but nothing is published until the re-check passes. While a service is
+//! Contained (or Rechecking) its last published state stays served and its changes wait; the
+//! link's other services keep flowing. Manual quarantines are released only by an operator.
 
 use std::time::Duration;
 
 use floodgate_link_crd::AutoRelease;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use tokio::time::Instant;
 
-use super::flood::Trigger;
+use super::flood::{Reason, Trigger};
+use crate::model::NsName;
 
-/// Where the link stands.
+/// Where a link (or a contained service) stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum State {
     /// Following upstream and publishing.
     Active,
-    /// Frozen; upstream stopped.
+    /// Frozen (the link: upstream stopped; a service: its changes wait).
     Quarantined(Quarantine),
-    /// Frozen; upstream running to see whether the flood is over.
+    /// Frozen; watching upstream to see whether the flood is over.
     Rechecking {
         /// The quarantine being re-checked.
         quarantine: Quarantine,
@@ -45,7 +48,8 @@ pub struct Quarantine {
     pub since: Instant,
     /// What tripped it.
     pub trigger: Trigger,
-    /// True when the link had not finished its first sync: consumers see an empty view.
+    /// True when the link had not finished its first sync: it then serves what it had listed,
+    /// every service capped.
     pub before_first_sync: bool,
     /// The cool-down before the next re-check (auto-release only).
     pub cooldown: Option<Duration>,
@@ -53,15 +57,85 @@ pub struct Quarantine {
     pub next_check: Option<Instant>,
 }
 
+/// The name of a state, as logs, status and the admin API show it. A service's frozen state
+/// is `Contained`, a link's `Quarantined`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum StateName {
+    /// Following upstream.
+    #[default]
+    Active,
+    /// A frozen link.
+    Quarantined,
+    /// A frozen service.
+    Contained,
+    /// Frozen while a re-check watches upstream.
+    Rechecking,
+}
+
+impl StateName {
+    /// The name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StateName::Active => "Active",
+            StateName::Quarantined => "Quarantined",
+            StateName::Contained => "Contained",
+            StateName::Rechecking => "Rechecking",
+        }
+    }
+}
+
+/// Why a state changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// A threshold was crossed, or an operator asked for it.
+    Tripped(Reason),
+    /// The auto-release cool-down is over: a re-check starts.
+    CooldownOver,
+    /// The re-check saw no flood.
+    RecheckPassed,
+    /// Someone released it (the message says who).
+    Released,
+    /// A contained service left upstream (deleted, or no longer selected).
+    ServiceGone,
+}
+
+impl Cause {
+    /// The CamelCase reason.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Cause::Tripped(r) => r.as_str(),
+            Cause::CooldownOver => "CooldownOver",
+            Cause::RecheckPassed => "RecheckPassed",
+            Cause::Released => "Released",
+            Cause::ServiceGone => "ServiceGone",
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Cause {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// A change of state, for logs, events and status.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Transition {
-    /// The state left: `Active`, `Quarantined` or `Rechecking`.
-    pub from: &'static str,
+    /// The contained service, for a service's transition; none for the link's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<NsName>,
+    /// The state left.
+    pub from: StateName,
     /// The state entered.
-    pub to: &'static str,
-    /// A CamelCase reason.
-    pub reason: String,
+    pub to: StateName,
+    /// Why.
+    pub reason: Cause,
     /// For people.
     pub message: String,
 }
@@ -75,22 +149,32 @@ pub enum RequestError {
     /// Quarantine of a link that already is.
     #[error("the link is already quarantined")]
     AlreadyQuarantined,
+    /// Release of a service that is not contained.
+    #[error("the service is not contained")]
+    NotContained,
+    /// A request about a service the link does not select.
+    #[error("the link does not select this service")]
+    UnknownService,
 }
 
-/// The machine.
+/// The machine of a link, or of one contained service.
 #[derive(Debug)]
 pub struct Machine {
     state: State,
     auto: Option<AutoRelease>,
     recheck_for: Duration,
+    /// The service this machine contains; none for a link's.
+    service: Option<NsName>,
 }
 
-impl State {
-    fn name(&self) -> &'static str {
-        match self {
-            State::Active => "Active",
-            State::Quarantined(_) => "Quarantined",
-            State::Rechecking { .. } => "Rechecking",
+impl Machine {
+    /// The name of the current state.
+    pub fn state_name(&self) -> StateName {
+        match (&self.state, &self.service) {
+            (State::Active, _) => StateName::Active,
+            (State::Quarantined(_), None) => StateName::Quarantined,
+            (State::Quarantined(_), Some(_)) => StateName::Contained,
+            (State::Rechecking { .. }, _) => StateName::Rechecking,
         }
     }
 }
@@ -104,6 +188,16 @@ impl Machine {
             state: State::Active,
             auto,
             recheck_for: sustained_for * 2,
+            service: None,
+        }
+    }
+
+    /// The same machine for one service: its transitions name the service and its frozen
+    /// state is `Contained`.
+    pub fn for_service(auto: Option<AutoRelease>, sustained_for: Duration, svc: NsName) -> Self {
+        Self {
+            service: Some(svc),
+            ..Self::new(auto, sustained_for)
         }
     }
 
@@ -153,12 +247,13 @@ impl Machine {
         };
         let message = if before_first_sync {
             format!(
-                "{} (before the first complete sync: serving an empty view)",
+                "{} (before the first complete sync: serving what was listed, every service capped)",
                 trigger.message
             )
         } else {
             trigger.message.clone()
         };
+        let reason = trigger.reason;
         let q = Quarantine {
             since: now,
             trigger,
@@ -166,7 +261,7 @@ impl Machine {
             cooldown,
             next_check: cooldown.map(|c| now + c),
         };
-        Some(self.enter(State::Quarantined(q), message))
+        Some(self.enter(State::Quarantined(q), Cause::Tripped(reason), message))
     }
 
     /// An operator quarantines the link. It stays quarantined until an operator releases it.
@@ -189,7 +284,11 @@ impl Machine {
             cooldown: None,
             next_check: None,
         };
-        Ok(self.enter(State::Quarantined(q), message))
+        Ok(self.enter(
+            State::Quarantined(q),
+            Cause::Tripped(Reason::Manual),
+            message,
+        ))
     }
 
     /// Puts back a quarantine saved before a restart. It began at `since`; an auto-release
@@ -217,7 +316,7 @@ impl Machine {
         if !self.is_frozen() {
             return Err(RequestError::NotQuarantined);
         }
-        Ok(self.enter(State::Active, format!("released by {by}")))
+        Ok(self.enter(State::Active, Cause::Released, format!("released by {by}")))
     }
 
     /// Moves time on: starts a due re-check, or passes one that saw no flood. A re-check passes
@@ -235,6 +334,7 @@ impl Machine {
                 let until = now + self.recheck_for;
                 Some(self.enter(
                     State::Rechecking { quarantine, until },
+                    Cause::CooldownOver,
                     format!(
                         "cool-down over: watching upstream for {}s before release",
                         self.recheck_for.as_secs()
@@ -243,24 +343,29 @@ impl Machine {
             }
             State::Rechecking { until, .. } if now >= *until => Some(self.enter(
                 State::Active,
+                Cause::RecheckPassed,
                 "re-check passed: no flood seen, released".to_owned(),
             )),
             _ => None,
         }
     }
 
-    fn enter(&mut self, next: State, message: String) -> Transition {
-        let from = self.state.name();
-        let reason = match (&self.state, &next) {
-            (_, State::Quarantined(q)) => q.trigger.reason.to_string(),
-            (_, State::Rechecking { .. }) => "CooldownOver".to_owned(),
-            (State::Rechecking { .. }, State::Active) => "RecheckPassed".to_owned(),
-            (_, State::Active) => "Released".to_owned(),
-        };
+    /// The service left upstream: its containment ends with it.
+    pub fn gone(&mut self) -> Transition {
+        self.enter(
+            State::Active,
+            Cause::ServiceGone,
+            "the service left upstream: its containment ends".to_owned(),
+        )
+    }
+
+    fn enter(&mut self, next: State, reason: Cause, message: String) -> Transition {
+        let from = self.state_name();
         self.state = next;
         Transition {
+            service: self.service.clone(),
             from,
-            to: self.state.name(),
+            to: self.state_name(),
             reason,
             message,
         }

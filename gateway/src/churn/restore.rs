@@ -1,19 +1,22 @@
-//! A quarantined link after a restart: the last good view comes back from disk, the link stays
-//! quarantined, and on release it converges to upstream as any released link does.
+//! A link after a restart: a saved quarantine brings back the last good view and the link stays
+//! quarantined; saved containments bring back each contained service's published state and
+//! the service stays contained. On release each converges to upstream as any released link or
+//! service does.
 //!
 //! Converging needs to know what each group published, so that objects gone upstream are
 //! deleted downstream: the groups are rebuilt from the restored objects by the same rules a
 //! publication follows (a service, the slices labelled with its name, its Endpoints, the pods
 //! those point at, the pods' ReplicaSets; the Servers of a namespace).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Engine;
 use super::cap::slice_endpoint_key;
 use super::flood::Trigger;
-use super::{Engine, GroupState};
+use super::publish::Published;
 use crate::model::{
     Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, endpoints_pods, pod_replicasets,
     slice_pods, slice_service,
@@ -35,47 +38,27 @@ pub struct Saved {
     pub objects: Vec<Object>,
 }
 
+/// A contained service as saved on disk, in the engine's terms.
+#[derive(Clone, Debug)]
+pub struct SavedContained {
+    /// The service.
+    pub service: NsName,
+    /// What contained it.
+    pub trigger: Trigger,
+    /// When (on this run's clock).
+    pub since: Instant,
+    /// The auto-release cool-down in force, if any.
+    pub cooldown: Option<Duration>,
+    /// What it published: the service and its slices, Endpoints, pods and ReplicaSets.
+    pub objects: Vec<Object>,
+}
+
 impl Engine {
     /// Restores a saved quarantine into a new engine: its view, its groups, and the frozen
     /// state. Upstream must not be started until the link is released.
     pub fn restore_quarantined(&mut self, now: Instant, saved: Saved) {
-        let by_key: BTreeMap<ObjKey, Object> = saved
-            .objects
-            .into_iter()
-            .map(|o| (o.key(), o.into_sanitized()))
-            .collect();
-        self.view
-            .apply(by_key.values().cloned().map(ViewChange::Upsert));
-        for (group, members) in groups_of(&by_key) {
-            let mut st = GroupState::new(&self.budget);
-            st.objects = members;
-            for key in &st.objects {
-                *self.obj_refs.entry(key.clone()).or_default() += 1;
-                match by_key.get(key) {
-                    Some(Object::EndpointSlice(s)) => st
-                        .endpoints
-                        .extend(s.endpoints.iter().flatten().map(slice_endpoint_key)),
-                    Some(Object::Service(s)) => {
-                        st.truncated = s
-                            .metadata
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get(TRUNCATED_ANNOTATION))
-                            .and_then(|n| n.parse().ok())
-                            .unwrap_or_default();
-                    }
-                    _ => {}
-                }
-            }
-            let c = &mut self.counters;
-            if matches!(group, Group::Service(_)) {
-                c.services += 1;
-            }
-            c.endpoints_published += st.endpoints.len() as u64;
-            c.endpoints_truncated += st.truncated as u64;
-            self.groups.insert(group, st);
-        }
-        self.synced_once = true;
+        self.install(saved.objects);
+        self.sync.once = true;
         self.machine.restore(
             now,
             saved.since,
@@ -84,12 +67,39 @@ impl Engine {
             saved.cooldown,
         );
     }
+
+    /// Restores saved containments into a new engine: each service's published state (unless
+    /// a restored quarantine brought it already) and its containment. Its later changes wait
+    /// until it is released, as before the restart.
+    pub fn restore_contained(&mut self, now: Instant, saved: Vec<SavedContained>) {
+        for c in saved {
+            let g = Group::Service(c.service.clone());
+            if !self.publisher.has_published(&g) {
+                self.install(c.objects);
+            }
+            self.containment
+                .restore(&c.service, now, c.since, c.trigger, c.cooldown);
+        }
+    }
+
+    /// Puts saved objects in the view and rebuilds the groups that published them.
+    fn install(&mut self, objects: Vec<Object>) {
+        let by_key: BTreeMap<ObjKey, Object> = objects
+            .into_iter()
+            .map(|o| (o.key(), o.into_sanitized()))
+            .collect();
+        self.view()
+            .apply(by_key.values().cloned().map(ViewChange::Upsert));
+        for (group, published) in groups_of(&by_key) {
+            self.publisher.install(group, published);
+        }
+    }
 }
 
-/// The groups a set of published objects belongs to, with their members.
-fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, BTreeSet<ObjKey>> {
+/// The groups a set of published objects belongs to, with what each published.
+fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
     let key = |kind, id: NsName| ObjKey { kind, id };
-    let mut out: BTreeMap<Group, BTreeSet<ObjKey>> = BTreeMap::new();
+    let mut out: BTreeMap<Group, Published> = BTreeMap::new();
     let mut slices_by_service: BTreeMap<NsName, Vec<&Object>> = BTreeMap::new();
     for obj in objects.values() {
         match obj {
@@ -101,41 +111,55 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, BTreeSet<Obj
             Object::Server(s) => {
                 let ns: std::sync::Arc<str> =
                     s.metadata.namespace.as_deref().unwrap_or_default().into();
-                out.entry(Group::Servers(ns)).or_default().insert(obj.key());
+                out.entry(Group::Servers(ns))
+                    .or_default()
+                    .objects
+                    .insert(obj.key());
             }
             _ => {}
         }
     }
     for (k, obj) in objects {
-        if k.kind != Kind::Service {
+        let Object::Service(service) = obj else {
             continue;
-        }
+        };
         let svc = k.id.clone();
-        let mut members = BTreeSet::from([obj.key()]);
-        let mut pods: HashSet<NsName> = HashSet::new();
+        let mut p = Published {
+            objects: BTreeSet::from([obj.key()]),
+            truncated: service
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TRUNCATED_ANNOTATION))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_default(),
+            ..Published::default()
+        };
         for slice in slices_by_service.get(&svc).into_iter().flatten() {
-            members.insert(slice.key());
+            p.objects.insert(slice.key());
             if let Object::EndpointSlice(s) = slice {
-                pods.extend(slice_pods(s));
+                p.pods.extend(slice_pods(s));
+                p.endpoints
+                    .extend(s.endpoints.iter().flatten().map(slice_endpoint_key));
             }
         }
         if let Some(ep @ Object::Endpoints(e)) = objects.get(&key(Kind::Endpoints, svc.clone())) {
-            members.insert(ep.key());
-            pods.extend(endpoints_pods(e));
+            p.objects.insert(ep.key());
+            p.pods.extend(endpoints_pods(e));
         }
-        for pod in pods {
-            let pk = key(Kind::Pod, pod);
-            if let Some(Object::Pod(p)) = objects.get(&pk) {
-                for rs in pod_replicasets(p) {
+        for pod in &p.pods {
+            let pk = key(Kind::Pod, pod.clone());
+            if let Some(Object::Pod(pod)) = objects.get(&pk) {
+                for rs in pod_replicasets(pod) {
                     let rk = key(Kind::ReplicaSet, rs);
                     if objects.contains_key(&rk) {
-                        members.insert(rk);
+                        p.objects.insert(rk);
                     }
                 }
-                members.insert(pk);
+                p.objects.insert(pk);
             }
         }
-        out.insert(Group::Service(svc), members);
+        out.insert(Group::Service(svc), p);
     }
     out
 }

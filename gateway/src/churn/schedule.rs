@@ -1,16 +1,158 @@
-//! When groups publish: a group whose coalescing window closed gets in line, and the line is
-//! served round robin while the link's and the group's GCRA buckets have tokens. A group whose
-//! own bucket is empty is parked until its token is due.
+//! When groups publish. A change to a group that has been quiet for `coalesce.quiet` gets in
+//! line at once (the leading edge: a calm service's change costs no window); a change that
+//! follows another within `quiet` coalesces until the group is quiet again, never longer than
+//! `coalesce.max` after its first change. The line is served round robin while the link's and
+//! the group's GCRA buckets have tokens; a group whose own bucket is empty is parked until its
+//! token is due.
+//!
+//! Each group is in at most one of the due, ready and parked queues. A group's slot and bucket
+//! go when the engine forgets the group (its service left upstream); a stale queue entry of a
+//! forgotten group is skipped when it comes up.
 
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
 
+use floodgate_link_crd::LinkSpec;
 use tokio::time::Instant;
 
-use super::{Engine, Slot};
+use super::limit::{Budget, FedClock, Limiter};
+use crate::model::Group;
 
-impl Engine {
-    /// Pending groups whose window closed, and parked groups whose token is there, get in line.
-    pub(super) fn promote(&mut self, now: Instant) {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Idle,
+    Pending { first: Instant, last: Instant },
+    Ready,
+    Parked,
+}
+
+#[derive(Debug)]
+struct Sched {
+    slot: Slot,
+    bucket: Limiter<FedClock>,
+    /// The group's last change: a change after `quiet` of silence publishes at once.
+    last_change: Option<Instant>,
+}
+
+/// The publication schedule of one link.
+#[derive(Debug)]
+pub struct Scheduler {
+    quiet: Duration,
+    max_delay: Duration,
+    origin: Instant,
+    clock: FedClock,
+    budget: Budget<FedClock>,
+    groups: HashMap<Group, Sched>,
+    due: BinaryHeap<Reverse<(Instant, Group)>>,
+    ready: VecDeque<Group>,
+    parked: BinaryHeap<Reverse<(Instant, Group)>>,
+    link_wait: Option<Instant>,
+    /// Groups whose slot is not Idle.
+    queued: usize,
+    /// Publications that had to wait for a token.
+    pub throttled: u64,
+}
+
+impl Scheduler {
+    /// An empty schedule with the spec's windows and buckets; `now` is the clock's origin.
+    pub fn new(spec: &LinkSpec, now: Instant) -> Self {
+        let clock = FedClock::default();
+        Self {
+            quiet: spec.coalesce.quiet.get(),
+            max_delay: spec.coalesce.max.get(),
+            origin: now,
+            budget: Budget::new(
+                &spec.rate_limit.per_link,
+                &spec.rate_limit.per_service,
+                clock.clone(),
+            ),
+            clock,
+            groups: HashMap::new(),
+            due: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            parked: BinaryHeap::new(),
+            link_wait: None,
+            queued: 0,
+            throttled: 0,
+        }
+    }
+
+    /// Groups waiting to be published: coalescing, in line, or waiting for a token.
+    pub fn pending(&self) -> usize {
+        self.queued
+    }
+
+    /// True while groups wait for tokens.
+    pub fn throttled_now(&self) -> bool {
+        !self.parked.is_empty() || self.link_wait.is_some()
+    }
+
+    /// Groups with a slot (a bucket) held.
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// A change to `g` at `now`. Returns true when it was absorbed into a publication already
+    /// pending (coalesced).
+    pub fn mark(&mut self, g: &Group, now: Instant) -> bool {
+        let budget = &self.budget;
+        let st = self.groups.entry(g.clone()).or_insert_with(|| Sched {
+            slot: Slot::Idle,
+            bucket: budget.service_bucket(),
+            last_change: None,
+        });
+        let quiet_before = st.last_change.is_none_or(|t| now >= t + self.quiet);
+        st.last_change = Some(now);
+        match &mut st.slot {
+            Slot::Idle if quiet_before => {
+                st.slot = Slot::Ready;
+                self.ready.push_back(g.clone());
+                self.queued += 1;
+                false
+            }
+            Slot::Idle => {
+                st.slot = Slot::Pending {
+                    first: now,
+                    last: now,
+                };
+                self.due.push(Reverse((now + self.quiet, g.clone())));
+                self.queued += 1;
+                false
+            }
+            Slot::Pending { last, .. } => {
+                *last = now;
+                true
+            }
+            Slot::Ready | Slot::Parked => true,
+        }
+    }
+
+    /// Drops a group's slot and bucket (its service left upstream).
+    pub fn forget(&mut self, g: &Group) {
+        if let Some(st) = self.groups.remove(g)
+            && st.slot != Slot::Idle
+        {
+            self.queued -= 1;
+        }
+    }
+
+    /// Drops every pending publication (quarantine: the view is frozen).
+    pub fn clear(&mut self) {
+        self.due.clear();
+        self.ready.clear();
+        self.parked.clear();
+        self.link_wait = None;
+        for st in self.groups.values_mut() {
+            st.slot = Slot::Idle;
+        }
+        self.queued = 0;
+    }
+
+    /// Moves the buckets' clock to `now`, and gets in line the pending groups whose window
+    /// closed and the parked groups whose token is there.
+    pub fn promote(&mut self, now: Instant) {
+        self.clock.set(now.saturating_duration_since(self.origin));
         while let Some(Reverse((t, _))) = self.due.peek() {
             if *t > now {
                 break;
@@ -38,45 +180,62 @@ impl Engine {
             let Some(Reverse((_, g))) = self.parked.pop() else {
                 break;
             };
-            if let Some(st) = self.groups.get_mut(&g) {
+            if let Some(st) = self.groups.get_mut(&g)
+                && st.slot == Slot::Parked
+            {
                 st.slot = Slot::Ready;
                 self.ready.push_back(g);
             }
         }
     }
 
-    /// Round robin over ready groups while the link has tokens. A link token taken for a group
-    /// whose own bucket is empty passes to the next group in the same instant, so no token is
-    /// spent on a publication that did not happen.
-    pub(super) fn publish_ready(&mut self, now: Instant) {
+    /// The next group to publish now, round robin, its tokens taken; `None` when the line is
+    /// empty or the link's bucket is. A link token taken for a group whose own bucket is empty
+    /// passes to the next group in the same instant, so no token is spent on a publication
+    /// that did not happen.
+    pub fn next(&mut self, now: Instant, link_token: &mut bool) -> Option<Group> {
         self.link_wait = None;
-        let mut link_token = false;
         while !self.ready.is_empty() {
-            if !link_token {
+            if !*link_token {
                 match self.budget.take_link() {
-                    Ok(()) => link_token = true,
+                    Ok(()) => *link_token = true,
                     Err(wait) => {
-                        self.counters.throttled += 1;
+                        self.throttled += 1;
                         self.link_wait = Some(now + wait);
-                        break;
+                        return None;
                     }
                 }
             }
-            let Some(g) = self.ready.pop_front() else {
-                break;
-            };
+            let g = self.ready.pop_front()?;
             let Some(st) = self.groups.get_mut(&g) else {
                 continue;
             };
+            if st.slot != Slot::Ready {
+                continue;
+            }
             if let Err(wait) = self.budget.take_service(&st.bucket) {
-                self.counters.throttled += 1;
+                self.throttled += 1;
                 st.slot = Slot::Parked;
                 self.parked.push(Reverse((now + wait, g)));
                 continue;
             }
-            link_token = false;
+            *link_token = false;
             st.slot = Slot::Idle;
-            self.publish(&g);
+            self.queued -= 1;
+            return Some(g);
         }
+        None
+    }
+
+    /// When the schedule has something to do.
+    pub fn next_wake(&self) -> Option<Instant> {
+        [
+            self.due.peek().map(|Reverse((t, _))| *t),
+            self.parked.peek().map(|Reverse((t, _))| *t),
+            self.link_wait,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }

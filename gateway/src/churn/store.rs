@@ -2,9 +2,10 @@
 //! the indexes that tie objects to publication groups.
 //!
 //! What it keeps: every Service, EndpointSlice, Endpoints, ReplicaSet (metadata) and Server it is
-//! given, and only the pods that some stored slice or Endpoints points at. A pod nothing points at
-//! costs its decoding and a hash lookup, nothing more: that is what keeps a flood of pods behind
-//! an unselected service away from the consumers and out of memory.
+//! given, and only the pods the engine wants: those behind endpoints the cap publishes (the
+//! engine checks before it hands a pod over, see [`super::publish`]). A pod nobody wants costs
+//! its decoding and a hash lookup, nothing more: that keeps a flood of pods, behind an
+//! unselected service or behind a selected one's withheld endpoints, out of memory.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -14,16 +15,16 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
-use crate::model::{
-    Group, Kind, NsName, ObjKey, Object, Server, endpoints_pods, pod_replicasets, slice_pod_refs,
-    slice_pods, slice_service,
-};
+use crate::model::{Group, Kind, NsName, ObjKey, Object, Server, pod_replicasets, slice_service};
 
 /// What a change touched.
 #[derive(Debug, Default)]
 pub struct Touched {
     /// Groups to publish again.
     pub groups: Vec<Group>,
+    /// Pods whose groups are to publish again (a pod or its ReplicaSet changed): the engine
+    /// knows which groups want them.
+    pub pods: Vec<NsName>,
     /// False when the change concerns no selected service (a flood of unrelated pods).
     pub relevant: bool,
 }
@@ -39,8 +40,6 @@ pub struct Store {
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
     endpoints: HashMap<NsName, Arc<Endpoints>>,
     pods: HashMap<NsName, Arc<Pod>>,
-    /// pod -> service -> number of slices/Endpoints of that service pointing at it.
-    pod_refs: HashMap<NsName, HashMap<NsName, u32>>,
     replicasets: HashMap<NsName, Arc<ObjectMeta>>,
     rs_pods: HashMap<NsName, HashSet<NsName>>,
     servers: HashMap<NsName, Arc<Server>>,
@@ -58,7 +57,6 @@ impl Store {
             slices_by_service: HashMap::new(),
             endpoints: HashMap::new(),
             pods: HashMap::new(),
-            pod_refs: HashMap::new(),
             replicasets: HashMap::new(),
             rs_pods: HashMap::new(),
             servers: HashMap::new(),
@@ -79,6 +77,18 @@ impl Store {
             + self.pods.len()
             + self.replicasets.len()
             + self.servers.len()
+    }
+
+    /// Objects held, by kind.
+    pub fn counts(&self) -> [(Kind, usize); 6] {
+        [
+            (Kind::Service, self.services.len()),
+            (Kind::EndpointSlice, self.slices.len()),
+            (Kind::Endpoints, self.endpoints.len()),
+            (Kind::Pod, self.pods.len()),
+            (Kind::ReplicaSet, self.replicasets.len()),
+            (Kind::Server, self.servers.len()),
+        ]
     }
 
     /// True when nothing is held.
@@ -155,49 +165,29 @@ impl Store {
                 let old_svc = old.as_deref().and_then(slice_service);
                 let new_svc = new.as_deref().and_then(slice_service);
                 let count = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::len);
-                // The common churn, a ready flag flipping, leaves the service and the pods a
-                // slice points at as they were: then no reference needs counting again.
-                let same_refs = new_svc.is_some()
-                    && old_svc == new_svc
-                    && match (&old, &new) {
-                        (Some(o), Some(n)) => slice_pod_refs(o).eq(slice_pod_refs(n)),
-                        _ => false,
-                    };
-                if same_refs {
-                    if let (Some(o), Some(n), Some(svc)) = (&old, &new, &new_svc) {
-                        let e = self.slice_endpoints.entry(svc.clone()).or_default();
-                        *e = (*e + count(n)).saturating_sub(count(o));
-                    }
-                    if let Some(n) = &new {
-                        self.slices.insert(id.clone(), n.clone());
-                    }
-                } else {
-                    // Reference the new state before releasing the old one, so pods both point
-                    // at stay held.
-                    if let (Some(n), Some(svc)) = (&new, &new_svc) {
-                        *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
-                        self.reference(svc, slice_pods(n));
+                if let (Some(n), Some(svc)) = (&new, &new_svc) {
+                    *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
+                    if old_svc.as_ref() != Some(svc) {
                         self.slices_by_service
                             .entry(svc.clone())
                             .or_default()
                             .insert(id.clone());
-                        self.slices.insert(id.clone(), n.clone());
                     }
-                    if let (Some(o), Some(svc)) = (&old, &old_svc) {
-                        if let Some(n) = self.slice_endpoints.get_mut(svc) {
-                            *n = n.saturating_sub(count(o));
-                            if *n == 0 {
-                                self.slice_endpoints.remove(svc);
-                            }
+                    self.slices.insert(id.clone(), n.clone());
+                }
+                if let (Some(o), Some(svc)) = (&old, &old_svc) {
+                    if let Some(n) = self.slice_endpoints.get_mut(svc) {
+                        *n = n.saturating_sub(count(o));
+                        if *n == 0 {
+                            self.slice_endpoints.remove(svc);
                         }
-                        self.unref(svc, slice_pods(o));
-                        if new_svc.as_ref() != Some(svc)
-                            && let Some(set) = self.slices_by_service.get_mut(svc)
-                        {
-                            set.remove(id);
-                            if set.is_empty() {
-                                self.slices_by_service.remove(svc);
-                            }
+                    }
+                    if new_svc.as_ref() != Some(svc)
+                        && let Some(set) = self.slices_by_service.get_mut(svc)
+                    {
+                        set.remove(id);
+                        if set.is_empty() {
+                            self.slices_by_service.remove(svc);
                         }
                     }
                 }
@@ -211,37 +201,26 @@ impl Store {
                 }
             }
             (Kind::Endpoints, o) => {
-                let old = self.endpoints.remove(id);
-                if let Some(Object::Endpoints(n)) = o {
-                    self.reference(id, endpoints_pods(&n));
-                    self.endpoints.insert(id.clone(), n);
-                }
-                if let Some(old) = old {
-                    self.unref(id, endpoints_pods(&old));
-                }
+                match o {
+                    Some(Object::Endpoints(n)) => self.endpoints.insert(id.clone(), n),
+                    _ => self.endpoints.remove(id),
+                };
                 if self.is_selected(id) {
                     t.relevant = true;
                     t.groups.push(Group::Service(id.clone()));
                 }
             }
             (Kind::Pod, o) => {
-                let wanted = self.pod_refs.contains_key(id);
-                let old = self.pods.remove(id);
-                if let Some(old) = &old {
-                    for rs in pod_replicasets(old) {
-                        if let Some(set) = self.rs_pods.get_mut(&rs) {
-                            set.remove(id);
-                        }
-                    }
-                }
-                if let (true, Some(Object::Pod(p))) = (wanted, o) {
+                // Only wanted pods are handed over: hold this one (or drop it, deleted).
+                let old = self.drop_pod(id);
+                if let Some(Object::Pod(p)) = o {
                     for rs in pod_replicasets(&p) {
                         self.rs_pods.entry(rs).or_default().insert(id.clone());
                     }
                     self.pods.insert(id.clone(), p);
-                }
-                if wanted || old.is_some() {
-                    self.pod_groups(id, &mut t);
+                    t.pods.push(id.clone());
+                } else if old.is_some() {
+                    t.pods.push(id.clone());
                 }
             }
             (Kind::ReplicaSet, o) => {
@@ -249,16 +228,8 @@ impl Store {
                     Some(Object::ReplicaSet(m)) => self.replicasets.insert(id.clone(), m),
                     _ => self.replicasets.remove(id),
                 };
-                let pods: Vec<NsName> = self
-                    .rs_pods
-                    .get(id)
-                    .into_iter()
-                    .flatten()
-                    .cloned()
-                    .collect();
-                for pod in pods {
-                    self.pod_groups(&pod, &mut t);
-                }
+                t.pods
+                    .extend(self.rs_pods.get(id).into_iter().flatten().cloned());
             }
             (Kind::Server, o) => {
                 match o {
@@ -279,52 +250,18 @@ impl Store {
         t
     }
 
-    fn pod_groups(&self, pod: &NsName, t: &mut Touched) {
-        for svc in self.pod_refs.get(pod).into_iter().flat_map(HashMap::keys) {
-            if self.is_selected(svc) {
-                t.relevant = true;
-                let g = Group::Service(svc.clone());
-                if !t.groups.contains(&g) {
-                    t.groups.push(g);
+    /// Stops holding a pod (nobody wants it any more, or it was deleted).
+    pub fn drop_pod(&mut self, id: &NsName) -> Option<Arc<Pod>> {
+        let old = self.pods.remove(id)?;
+        for rs in pod_replicasets(&old) {
+            if let Some(set) = self.rs_pods.get_mut(&rs) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.rs_pods.remove(&rs);
                 }
             }
         }
-    }
-
-    fn reference(&mut self, svc: &NsName, pods: impl Iterator<Item = NsName>) {
-        for pod in pods {
-            *self
-                .pod_refs
-                .entry(pod)
-                .or_default()
-                .entry(svc.clone())
-                .or_default() += 1;
-        }
-    }
-
-    fn unref(&mut self, svc: &NsName, pods: impl Iterator<Item = NsName>) {
-        for pod in pods {
-            let Some(by_svc) = self.pod_refs.get_mut(&pod) else {
-                continue;
-            };
-            if let Some(n) = by_svc.get_mut(svc) {
-                *n -= 1;
-                if *n == 0 {
-                    by_svc.remove(svc);
-                }
-            }
-            if by_svc.is_empty() {
-                self.pod_refs.remove(&pod);
-                // Nothing points at it any more: forget it.
-                if let Some(p) = self.pods.remove(&pod) {
-                    for rs in pod_replicasets(&p) {
-                        if let Some(set) = self.rs_pods.get_mut(&rs) {
-                            set.remove(&pod);
-                        }
-                    }
-                }
-            }
-        }
+        Some(old)
     }
 
     /// A service, if selected.
@@ -347,13 +284,6 @@ impl Store {
     /// A service's Endpoints.
     pub fn endpoints_of(&self, svc: &NsName) -> Option<&Arc<Endpoints>> {
         self.endpoints.get(svc)
-    }
-
-    /// True when a stored slice or Endpoints of a selected service points at the pod.
-    pub fn wants_pod(&self, id: &NsName) -> bool {
-        self.pod_refs
-            .get(id)
-            .is_some_and(|by_svc| by_svc.keys().any(|svc| self.is_selected(svc)))
     }
 
     /// A pod, if held.

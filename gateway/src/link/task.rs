@@ -22,6 +22,7 @@ use crate::churn::quarantine::State;
 use crate::churn::{Effect, Engine};
 use crate::model::Kind;
 use crate::persist::LinkDir;
+use crate::persist::contained::ContainedSnapshot;
 use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
 use crate::view::View;
 
@@ -32,10 +33,12 @@ pub(super) struct Outputs {
     pub has_servers: watch::Sender<bool>,
 }
 
-/// Saving and clearing a quarantine, in order, off the link's task (a view can be megabytes).
+/// Saving and clearing a quarantine and the containments, in order, off the link's task (a view
+/// can be megabytes).
 enum Persist {
     Save(crate::churn::quarantine::Quarantine, Instant),
     Clear,
+    Contained(Vec<ContainedSnapshot>, Instant),
 }
 
 /// Persistence requests waiting; transitions are rare, 8 is plenty, and a full queue makes the
@@ -68,6 +71,17 @@ pub(super) async fn run(
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "ignoring the saved quarantine"),
         }
+        match d.load_contained(now) {
+            Ok(saved) if !saved.is_empty() => {
+                tracing::warn!(
+                    services = saved.len(),
+                    "restored contained services from disk: serving their saved state until released"
+                );
+                engine.restore_contained(now, saved);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "ignoring the saved containments"),
+        }
     }
     let persist = dir.map(|d| spawn_persister(d, view));
 
@@ -98,6 +112,9 @@ pub(super) async fn run(
                 let now = Instant::now();
                 let (result, reply) = match cmd {
                     Command::Release(by, reply) => (engine.release(&by), reply),
+                    Command::ReleaseService(svc, by, reply) => {
+                        (engine.release_service(&svc, now, &by), reply)
+                    }
                     Command::SetDeciding(deciding) => {
                         engine.set_deciding(deciding);
                         continue;
@@ -174,9 +191,18 @@ pub(super) async fn run(
                         )));
                     }
                 }
+                Effect::Transition(t) if t.service.is_some() => {
+                    let svc = t.service.as_ref().map(ToString::to_string);
+                    tracing::warn!(service = svc.as_deref().unwrap_or_default(), from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "service containment changed");
+                    if let Some(p) = &persist {
+                        let _ = p
+                            .send(Persist::Contained(contained_snapshot(&engine), now))
+                            .await;
+                    }
+                }
                 Effect::Transition(t) => {
                     transitions += 1;
-                    tracing::warn!(from = t.from, to = t.to, reason = %t.reason, message = %t.message, "quarantine state changed");
+                    tracing::warn!(from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "quarantine state changed");
                     if let Some(p) = &persist {
                         let op = match engine.state() {
                             State::Quarantined(q) => Some(Persist::Save(q.clone(), now)),
@@ -262,10 +288,32 @@ fn publish_state(
             || s.message != state.message
             || s.connected != state.connected
             || s.pending != state.pending
-            || s.quarantine_transitions != state.quarantine_transitions;
+            || s.quarantine_transitions != state.quarantine_transitions
+            || s.contained != state.contained
+            || s.objects_by_kind != state.objects_by_kind;
         *s = state;
         changed
     });
+}
+
+/// The contained services with the state each published, as served, to save.
+fn contained_snapshot(engine: &Engine) -> Vec<ContainedSnapshot> {
+    engine
+        .contained()
+        .into_iter()
+        .map(|c| ContainedSnapshot {
+            objects: engine
+                .published_keys(&c.service)
+                .iter()
+                .filter_map(|k| engine.view().get(k))
+                .filter_map(|s| serde_json::from_slice(&s.json).ok())
+                .collect(),
+            service: c.service,
+            trigger: c.quarantine.trigger,
+            since: c.quarantine.since,
+            cooldown: c.quarantine.cooldown,
+        })
+        .collect()
 }
 
 fn spawn_persister(dir: LinkDir, view: View) -> mpsc::Sender<Persist> {
@@ -276,17 +324,21 @@ fn spawn_persister(dir: LinkDir, view: View) -> mpsc::Sender<Persist> {
             let (what, result) = match op {
                 // The view is frozen while quarantined: what it holds now is what is served.
                 Persist::Save(q, now) => (
-                    "saving",
+                    "saving the quarantine",
                     tokio::task::spawn_blocking(move || d.save(&q, now, &view)).await,
                 ),
                 Persist::Clear => (
-                    "clearing",
+                    "clearing the quarantine",
                     tokio::task::spawn_blocking(move || d.clear()).await,
+                ),
+                Persist::Contained(services, now) => (
+                    "saving the contained services",
+                    tokio::task::spawn_blocking(move || d.save_contained(services, now)).await,
                 ),
             };
             match result {
-                Ok(Ok(())) => tracing::info!("{what} the quarantine on disk: done"),
-                Ok(Err(e)) => tracing::error!(error = %e, "{what} the quarantine on disk failed"),
+                Ok(Ok(())) => tracing::info!("{what} on disk: done"),
+                Ok(Err(e)) => tracing::error!(error = %e, "{what} on disk failed"),
                 Err(e) => tracing::error!(error = %e, "the quarantine writer panicked"),
             }
         }

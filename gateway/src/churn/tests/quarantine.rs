@@ -41,7 +41,7 @@ async fn sustained_churn_quarantines_and_freezes_the_view() {
     assert!(
         effects
             .iter()
-            .any(|f| matches!(f, Effect::Transition(t) if t.reason == "EventRate"))
+            .any(|f| matches!(f, Effect::Transition(t) if t.reason.as_str() == "EventRate"))
     );
     assert_eq!(e.objects_held(), 0, "the upstream cache is dropped");
     assert_eq!(
@@ -176,12 +176,13 @@ async fn auto_release_backs_off_while_the_flood_persists() {
     );
 }
 
-/// A flood before the first complete sync quarantines with an empty view, and says so.
+/// A flood before the first complete sync quarantines the link, which publishes what it had
+/// listed, capped, and counts as synced: a quarantine never keeps consumers from syncing.
 #[tokio::test(start_paused = true)]
-async fn a_flood_before_the_first_sync_quarantines_an_empty_view() {
+async fn a_flood_before_the_first_sync_publishes_what_was_listed_and_syncs() {
     let mut spec = mk_spec();
     spec.caps.max_objects = 50;
-    spec.caps.max_services = 50;
+    spec.caps.max_services = 40;
     let now = Instant::now();
     let mut e = Engine::new(&spec, &KINDS, View::new(1, 100), now);
     e.ingest(Change::InitStart(Kind::Service), now);
@@ -194,18 +195,21 @@ async fn a_flood_before_the_first_sync_quarantines_an_empty_view() {
     };
     assert!(q.before_first_sync);
     assert_eq!(q.trigger.figures.get("objects"), Some(&51));
-    assert!(e.view().is_empty());
-    let effects = e.take_effects();
-    assert!(
-        effects
-            .iter()
-            .any(|f| matches!(f, Effect::Transition(t) if t.message.contains("empty view")))
+    assert!(e.synced_once(), "a quarantined link counts as synced");
+    assert_eq!(
+        e.view().len(Kind::Service),
+        40,
+        "what was listed is served, within caps.maxServices"
     );
+    let effects = e.take_effects();
+    assert!(effects.iter().any(
+        |f| matches!(f, Effect::Transition(t) if t.message.contains("serving what was listed"))
+    ));
 }
 
-/// Too many endpoints behind one service quarantines the link at once.
+/// Too many endpoints behind one service contain that service, not the link.
 #[tokio::test(start_paused = true)]
-async fn endpoints_over_the_threshold_quarantine() {
+async fn endpoints_over_the_threshold_contain_the_service() {
     let mut spec = mk_spec();
     spec.quarantine.when.endpoints_per_service = 1000;
     let mut e = synced(&spec, vec![mk_service("a", true)]);
@@ -213,11 +217,12 @@ async fn endpoints_over_the_threshold_quarantine() {
         let eps: Vec<(u32, bool)> = (s * 100..(s + 1) * 100).map(|i| (i, false)).collect();
         apply(&mut e, mk_slice("a", &format!("a-{s}"), &eps));
     }
-    let State::Quarantined(q) = e.state() else {
-        panic!("quarantined")
-    };
+    assert_eq!(e.state(), &State::Active, "the link is not quarantined");
+    let contained = e.contained();
+    assert_eq!(contained.len(), 1);
+    assert_eq!(contained[0].service, NsName::new("ns", "a"));
     assert_eq!(
-        q.trigger.figures.get("endpoints"),
+        contained[0].quarantine.trigger.figures.get("endpoints"),
         Some(&1100),
         "tripped by the 11th slice"
     );
