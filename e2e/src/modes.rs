@@ -32,11 +32,15 @@ impl Mode {
 #[derive(Debug)]
 enum Keep {
     Standalone(Box<Stack>),
-    Controller {
-        replica: Replica,
-        _local: RunningLocal,
-        _sim: RunningSim,
-    },
+    Controller(Box<InCluster>),
+}
+
+/// A controller replica and the clusters it needs.
+#[derive(Debug)]
+struct InCluster {
+    replica: Replica,
+    _local: RunningLocal,
+    _sim: RunningSim,
 }
 
 /// Link `east`, served, and how to reach it.
@@ -103,11 +107,11 @@ impl Served {
                     admin_token: cluster::ADMIN_TOKEN.to_owned(),
                     ca_pem,
                     cluster,
-                    keep: Keep::Controller {
+                    keep: Keep::Controller(Box::new(InCluster {
                         replica,
                         _local: local,
                         _sim: sim,
-                    },
+                    })),
                 }
             }
         }
@@ -117,7 +121,7 @@ impl Served {
     pub async fn stop(self) {
         match self.keep {
             Keep::Standalone(stack) => stack.floodgate.stop().await,
-            Keep::Controller { replica, .. } => replica.stop().await,
+            Keep::Controller(c) => c.replica.stop().await,
         }
     }
 }
