@@ -5,7 +5,7 @@ DEMO_ARGS ?=
 # Where cargo puts binaries (honours CARGO_TARGET_DIR).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: demo test e2e bench crds lint build prereqs image
+.PHONY: demo test e2e bench crds lint build prereqs image image-test
 
 ## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
 ## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
@@ -67,3 +67,9 @@ build:
 image:
 	$(CARGO) build --release --locked -p floodgate --bin floodgate
 	.ci/image
+
+## image-test: `make image`'s archive in podman on the host network, as `floodgate run` in front
+## of kube-sim: 200 from /livez and from a LIST through the facade.
+image-test: image
+	$(CARGO) build --locked -p floodgate-e2e --bin kube-sim
+	.ci/image-test
