@@ -5,7 +5,7 @@ DEMO_ARGS ?=
 # Where cargo puts binaries (honours CARGO_TARGET_DIR).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: demo test e2e bench crds lint build
+.PHONY: demo test e2e bench crds lint build prereqs image image-test
 
 ## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
 ## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
@@ -22,9 +22,14 @@ $(PY_VENV)/bin/python:
 	python3 -m venv $(PY_VENV)
 	$(PY_VENV)/bin/pip install --quiet kubernetes
 
+## prereqs: what the tests need besides the Rust toolchain (cargo-nextest, kubectl, python3-venv,
+## chromium and chromium-driver), installed only when missing (Debian's packages).
+prereqs:
+	.ci/prereqs
+
 ## test: the whole suite (unit, property, integration with kubectl, kube-rs and the Python
 ## client, doc tests), built once, run in parallel.
-test: $(PY_VENV)/bin/python
+test: prereqs $(PY_VENV)/bin/python
 	$(CARGO) build --locked -p floodgate --bin floodgate
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
@@ -56,3 +61,15 @@ lint:
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
+
+## image: Floodgate's image, built offline from the release binary with buildah, into
+## target/image/floodgate.oci.tar, tagged ghcr.io/floodgate-dev/floodgate:0.1.0 (manifests/).
+image:
+	$(CARGO) build --release --locked -p floodgate --bin floodgate
+	.ci/image
+
+## image-test: `make image`'s archive in podman on the host network, as `floodgate run` in front
+## of kube-sim: 200 from /livez and from a LIST through the facade.
+image-test: image
+	$(CARGO) build --locked -p floodgate-e2e --bin kube-sim
+	.ci/image-test

@@ -29,6 +29,9 @@ use crate::{RunningSim, until};
 /// The namespace of the Links.
 pub const NS: &str = "floodgate";
 
+/// The admin API's bearer token every in-process replica reads from its token file.
+pub const ADMIN_TOKEN: &str = "cluster-admin-token";
+
 /// Timings for tests: 2 s leases renewed every 200 ms, fast ticks.
 pub fn fast() -> Timing {
     Timing {
@@ -47,6 +50,10 @@ pub fn fast() -> Timing {
 pub struct Replica {
     /// The facade's address.
     pub facade: SocketAddr,
+    /// The admin API (links, release, quarantine, metrics, status page, health).
+    pub admin: SocketAddr,
+    /// gRPC (`floodgate.v1.Mirror`).
+    pub grpc: SocketAddr,
     state: tempfile::TempDir,
     stop: watch::Sender<bool>,
     /// The controller's task.
@@ -56,14 +63,24 @@ pub struct Replica {
 impl Replica {
     /// Starts a replica named `identity` against `local`, on `127.0.0.1:0`.
     pub async fn start(local: &RunningLocal, identity: &str) -> Self {
-        let facade = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = facade.local_addr().expect("addr");
+        let bind = async || TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listeners = floodgate::server::Listeners {
+            facade: bind().await,
+            admin: bind().await,
+            grpc: bind().await,
+        };
+        let addr = listeners.facade.local_addr().expect("addr");
+        let admin = listeners.admin.local_addr().expect("addr");
+        let grpc = listeners.grpc.local_addr().expect("addr");
         let state = tempfile::tempdir().expect("tempdir");
+        let token_file = state.path().join("admin-token");
+        std::fs::write(&token_file, ADMIN_TOKEN).expect("admin token");
         let args = ControllerArgs {
             namespace: NS.into(),
             listen: addr,
-            admin_listen: admin.local_addr().expect("addr"),
+            admin_listen: admin,
+            grpc_listen: grpc,
+            admin_token_file: Some(token_file),
             state_dir: state.path().to_owned(),
             tls_hosts: vec![],
             identity: identity.into(),
@@ -73,13 +90,14 @@ impl Replica {
         let task = tokio::spawn(floodgate::controller::serve(
             client,
             args,
-            facade,
-            admin,
+            listeners,
             fast(),
             shutdown,
         ));
         Self {
             facade: addr,
+            admin,
+            grpc,
             state,
             stop,
             task,
@@ -88,15 +106,20 @@ impl Replica {
 
     /// A consumer of link `name` through this replica's facade.
     pub async fn consumer(&self, name: &str, token: &str) -> kube::Client {
-        let ca_path: PathBuf = self.state.path().join("tls/ca.crt");
-        until(10, "the facade's CA is written", async || ca_path.exists()).await;
-        let ca = std::fs::read_to_string(&ca_path).expect("CA");
+        let ca = self.ca_pem().await;
         let url = format!("https://{}/links/{name}", self.facade);
         let yaml = crate::sim::kubeconfig(&url, token, Some(&ca), name);
         client_from(&yaml).await.expect("consumer client")
     }
 
     /// Stops it and waits for it to end.
+    /// The CA of the replica's facade and gRPC certificate, once written.
+    pub async fn ca_pem(&self) -> String {
+        let ca_path: PathBuf = self.state.path().join("tls/ca.crt");
+        until(10, "the facade's CA is written", async || ca_path.exists()).await;
+        std::fs::read_to_string(&ca_path).expect("CA")
+    }
+
     pub async fn stop(self) {
         self.stop.send(true).expect("stop");
         let ended = tokio::time::timeout(Duration::from_secs(10), self.task).await;

@@ -18,6 +18,7 @@ pub mod gateway;
 pub mod herd;
 pub mod local;
 pub mod logs;
+pub mod modes;
 pub mod process;
 pub mod procs;
 pub mod sim;

@@ -8,7 +8,7 @@
 //! POST /links/{name}/quarantine   quarantine a link, {"message": ".."} (bearer token)
 //! GET  /config                    the effective configuration, secrets redacted
 //! GET  /metrics                   Prometheus text (see [`crate::metrics`])
-//! GET  /livez, /readyz            health (see [`crate::run::health_router`])
+//! GET  /livez, /readyz            health (see [`crate::server::health_router`])
 //! ```
 //!
 //! Reads are open (the admin port is meant for the cluster's network, like a metrics port);
@@ -17,7 +17,6 @@
 //! `{"error": ".."}` with its status code. Links answer through their [`LinkHandle`]s: a
 //! transition that makes no sense in the link's state is a 409.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,15 +30,15 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq as _;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::churn::quarantine::Transition;
-use crate::kubeapi::{Api, bearer};
-use crate::link::{LinkError, LinkHandle, LinkStore};
+use crate::kubeapi::bearer;
+use crate::link::LinkError;
 use crate::metrics::Metrics;
+use crate::registry::{Entry, Registry};
 
 pub mod config;
 pub mod links;
@@ -62,23 +61,20 @@ const PAGE: &str = include_str!("admin/page.html");
 /// What the admin routes read.
 #[derive(Debug)]
 pub struct AdminState {
-    /// The links.
-    pub links: Arc<Vec<LinkHandle>>,
-    /// Each link's facade API (watchers, discarded writes).
-    pub apis: HashMap<String, Arc<Api<LinkStore>>>,
+    /// The links served.
+    pub links: Arc<Registry>,
     /// The effective configuration, already redacted.
     pub config: Value,
     /// The bearer token of the mutating routes; `None` disables them.
-    pub token: Option<String>,
+    pub token: Option<crate::auth::Token>,
     /// The metrics registry.
     pub metrics: Metrics,
 }
 
 impl AdminState {
-    fn link(&self, name: &str) -> Result<&LinkHandle, AdminError> {
+    fn link(&self, name: &str) -> Result<Arc<Entry>, AdminError> {
         self.links
-            .iter()
-            .find(|l| l.name == name)
+            .get(name)
             .ok_or_else(|| AdminError::NotFound(format!("no link named {name:?}")))
     }
 
@@ -91,7 +87,7 @@ impl AdminState {
             ));
         };
         match bearer(headers) {
-            Some(t) if bool::from(t.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
+            Some(t) if expected.opens(t) => Ok(()),
             Some(_) => Err(AdminError::Unauthorized("the bearer token is wrong")),
             None => Err(AdminError::Unauthorized(
                 "a bearer token is required (Authorization: Bearer <token>)",
@@ -193,7 +189,7 @@ pub fn read_token(path: &Path) -> Result<String, TokenError> {
     Ok(token.to_owned())
 }
 
-/// The admin routes (health excluded: [`crate::run`] merges it in), with tracing, a timeout
+/// The admin routes (health excluded: [`crate::server`] merges it in), with tracing, a timeout
 /// and a body limit.
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
@@ -223,15 +219,16 @@ pub fn finish(router: Router) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
-        .layer(TraceLayer::new_for_http())
+        // A 5xx here is a 503 from /readyz or a link that is stopping: routine, not an ERROR.
+        .layer(
+            TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ),
+        )
 }
 
 async fn list_links(State(s): State<Arc<AdminState>>) -> Json<Value> {
-    let links: Vec<Value> = s
-        .links
-        .iter()
-        .map(|l| links::describe(l, s.apis.get(&l.name)))
-        .collect();
+    let links: Vec<Value> = s.links.all().iter().map(|l| links::describe(l)).collect();
     Json(json!({ "links": links }))
 }
 
@@ -240,7 +237,7 @@ async fn get_link(
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<Value>, AdminError> {
     let link = s.link(&name)?;
-    Ok(Json(links::describe(link, s.apis.get(&name))))
+    Ok(Json(links::describe(&link)))
 }
 
 /// The optional body of the mutating routes.
@@ -263,12 +260,12 @@ fn parse_body(body: &Bytes) -> Result<Request, AdminError> {
 
 /// What both mutating routes check first, in this order: the token (401/403), the link (404),
 /// the body (400).
-fn operator_request<'a>(
-    s: &'a AdminState,
+fn operator_request(
+    s: &AdminState,
     name: &str,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<(&'a LinkHandle, Request), AdminError> {
+) -> Result<(Arc<Entry>, Request), AdminError> {
     s.authorize(headers)?;
     Ok((s.link(name)?, parse_body(body)?))
 }
@@ -280,7 +277,11 @@ async fn release(
     body: Bytes,
 ) -> Result<Json<Value>, AdminError> {
     let (link, req) = operator_request(&s, &name, &headers, &body)?;
-    let t = answer(&name, link.release("an operator through the admin API")).await?;
+    let t = answer(
+        &name,
+        link.handle.release("an operator through the admin API"),
+    )
+    .await?;
     tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
     Ok(Json(json!({ "link": name, "transition": t })))
 }
@@ -295,7 +296,7 @@ async fn quarantine(
     let message = req
         .message
         .unwrap_or_else(|| "quarantined by an operator through the admin API".to_owned());
-    let t = answer(&name, link.quarantine(message)).await?;
+    let t = answer(&name, link.handle.quarantine(message)).await?;
     Ok(Json(json!({ "link": name, "transition": t })))
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Tasks: a watcher on Links (kube-rs reflector) feeding the reconcile loop; one task per
 //! running link ([`crate::link`]); the lease loop ([`lease`]); the status writer
-//! ([`writer`]); the facade and health listeners. Each reconcile pass reads the Secrets every
+//! ([`writer`]); the [`crate::server`] both modes share (facade, gRPC, admin API). Each reconcile pass reads the Secrets every
 //! Link names, computes what should run ([`reconcile`]), starts, restarts or stops links, adds
 //! or removes them from the facade, and sends each link's status ([`status`]) to the writer,
 //! which writes only the links whose Lease this replica holds. Every replica serves every
@@ -32,8 +32,9 @@ use kube::{Api, Resource as _, ResourceExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::kubeapi::{self, Api as FacadeApi, Links};
-use crate::link::{self, Connect, LinkHandle, LinkStore};
+use crate::link::{self, Connect, LinkHandle};
+use crate::registry::Registry;
+use crate::server::{self, Listeners, ServerConfig, Signals};
 use reconcile::{Action, Blocked, DesiredLink};
 
 /// How often every Link is reconciled even without a change (Secrets are re-read: this is
@@ -53,9 +54,17 @@ pub struct ControllerArgs {
     /// Where the Kubernetes facade listens (links under /links/<name>/).
     #[arg(long, env = "FLOODGATE_LISTEN", default_value = "0.0.0.0:6443")]
     pub listen: SocketAddr,
-    /// Where /livez and /readyz listen.
+    /// Where the admin API (links, release, quarantine, metrics, the status page, /livez,
+    /// /readyz) listens.
     #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9990")]
     pub admin_listen: SocketAddr,
+    /// Where gRPC (`floodgate.v1.Mirror`, `grpc.health.v1`) listens.
+    #[arg(long, env = "FLOODGATE_GRPC_LISTEN", default_value = "0.0.0.0:8090")]
+    pub grpc_listen: SocketAddr,
+    /// A file holding the admin API's bearer token (a mounted Secret); without it the
+    /// mutating admin routes answer 403.
+    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// The state directory; `tls/` holds the CA and certificate every replica shares.
     #[arg(
         long,
@@ -79,6 +88,9 @@ struct Running {
     /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
     /// release, `None` nothing yet.
     followed: Option<bool>,
+    /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
+    /// passes each change to the link, in order.
+    deciding: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Running {
@@ -136,22 +148,26 @@ pub async fn run(
     args: ControllerArgs,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let facade = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding the facade to {}", args.listen))?;
-    let admin = TcpListener::bind(args.admin_listen)
-        .await
-        .with_context(|| format!("binding the admin listener to {}", args.admin_listen))?;
-    serve(client, args, facade, admin, Timing::default(), shutdown).await
+    let listeners = Listeners {
+        facade: TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding the facade to {}", args.listen))?,
+        admin: TcpListener::bind(args.admin_listen)
+            .await
+            .with_context(|| format!("binding the admin listener to {}", args.admin_listen))?,
+        grpc: TcpListener::bind(args.grpc_listen)
+            .await
+            .with_context(|| format!("binding gRPC to {}", args.grpc_listen))?,
+    };
+    serve(client, args, listeners, Timing::default(), shutdown).await
 }
 
 /// Runs the controller until `shutdown` on listeners bound by the caller (tests bind
-/// `127.0.0.1:0`); `args.listen` and `args.admin_listen` are not used.
+/// `127.0.0.1:0`); the addresses in `args` are not used.
 pub async fn serve(
     client: kube::Client,
     args: ControllerArgs,
-    facade: TcpListener,
-    admin: TcpListener,
+    listeners: Listeners,
     timing: Timing,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -173,23 +189,34 @@ pub async fn serve(
         &args.tls_hosts,
     )?
     .context("the facade needs TLS")?;
-    let facade_links: Arc<Links<LinkStore>> = Arc::new(Links::new(HashMap::new()));
-    let router = kubeapi::links_router(facade_links.clone());
-    let config = crate::tls::server_config(&tls)?;
-    let stop = wait_for(shutdown.clone());
-    tokio::spawn(async move {
-        if let Err(e) = crate::tls::serve_tls(facade, config, router, stop).await {
-            tracing::error!(error = %e, "the facade stopped");
-        }
-    });
+    let admin_token = args
+        .admin_token_file
+        .as_deref()
+        .map(crate::admin::read_token)
+        .transpose()?
+        .map(crate::auth::Token::new);
+    let registry = Arc::new(Registry::new());
     let (listed_tx, listed) = watch::channel(false);
-    let admin_router = health_router(listed, shutdown.clone());
-    let stop = wait_for(shutdown.clone());
-    tokio::spawn(async move {
-        if let Err(e) = kubeapi::serve_plain(admin, admin_router, stop).await {
-            tracing::error!(error = %e, "the admin listener stopped");
-        }
-    });
+    server::start(
+        registry.clone(),
+        listeners,
+        ServerConfig {
+            tls: Some(tls),
+            limits: crate::kubeapi::serve::ServeLimits::default(),
+            admin_token,
+            config: serde_json::json!({
+                "mode": "controller",
+                "namespace": ns,
+                "identity": args.identity,
+            }),
+        },
+        Signals {
+            gate: listed,
+            unready: shutdown.clone(),
+            shutdown: shutdown.clone(),
+            admin_stop: shutdown.clone(),
+        },
+    )?;
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
@@ -264,7 +291,7 @@ pub async fn serve(
                 &secrets,
                 &mut running,
                 &mut blocked,
-                &facade_links,
+                &registry,
                 &shutdown,
             )
             .await;
@@ -284,6 +311,7 @@ pub async fn serve(
             let next = status::next_status(link.status.as_ref(), &obs, &now);
             let holder = held_now.contains(&name);
             if let (Some(r), Some(state)) = (run, &state) {
+                decide_if_held(&name, r, holder);
                 follow_quarantine(&link, r, state, holder);
             }
             // A full queue skips this tick: the next carries the latest state.
@@ -298,6 +326,26 @@ pub async fn serve(
         let _ = r.stop.send(true);
     }
     Ok(())
+}
+
+/// Only the Lease holder's engine acts on the floods it measures; every other replica's
+/// engine measures and follows the holder's record ([`follow_quarantine`]).
+fn decide_if_held(name: &str, r: &Running, holder: bool) {
+    if r.deciding
+        .send_if_modified(|d| std::mem::replace(d, holder) != holder)
+    {
+        tracing::info!(link = %name, deciding = holder, "this replica's hold on the Lease changed");
+    }
+}
+
+/// Passes `deciding`'s changes to the link in order, starting with its current value.
+async fn forward_deciding(handle: Arc<LinkHandle>, mut deciding: watch::Receiver<bool>) {
+    loop {
+        let now = *deciding.borrow_and_update();
+        if handle.set_deciding(now).await.is_err() || deciding.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Non-holders follow the quarantine the holder recorded in status: quarantine when it says
@@ -339,7 +387,7 @@ async fn reconcile_all(
     secrets: &Api<Secret>,
     running: &mut HashMap<String, Running>,
     blocked: &mut HashMap<String, Blocked>,
-    facade: &Links<LinkStore>,
+    facade: &Registry,
     shutdown: &watch::Receiver<bool>,
 ) {
     let mut seen = BTreeSet::new();
@@ -418,7 +466,7 @@ fn start(
     d: DesiredLink,
     link: &Link,
     running: &mut HashMap<String, Running>,
-    facade: &Links<LinkStore>,
+    facade: &Registry,
     shutdown: &watch::Receiver<bool>,
 ) {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -440,10 +488,11 @@ fn start(
         None,
         stop_rx,
     ));
-    facade.insert(
-        &d.name,
-        Arc::new(FacadeApi::new(LinkStore::new(&handle), d.token.clone())),
-    );
+    // A link starts measuring only: the lease loop's held set makes the holder decide (at the
+    // next status tick), so no replica acts on a flood before it knows it holds the Lease.
+    let (deciding, deciding_rx) = watch::channel(false);
+    tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
+    facade.insert(handle.clone(), &d.token);
     tracing::info!(link = %d.name, generation = ?link.meta().generation, "link started");
     running.insert(
         d.name.clone(),
@@ -452,39 +501,15 @@ fn start(
             handle,
             stop: stop_tx,
             followed: None,
+            deciding,
         },
     );
 }
 
-fn stop(name: &str, running: &mut HashMap<String, Running>, facade: &Links<LinkStore>) {
+fn stop(name: &str, running: &mut HashMap<String, Running>, facade: &Registry) {
     if let Some(r) = running.remove(name) {
         facade.remove(name);
         let _ = r.stop.send(true);
         tracing::info!(link = %name, "link stopped");
     }
-}
-
-async fn wait_for(mut shutdown: watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
-/// `/livez`, and `/readyz`: ready once the Links are listed (a link whose remote is down never
-/// makes the replica unready: that would take every other link's view away with it).
-fn health_router(listed: watch::Receiver<bool>, shutdown: watch::Receiver<bool>) -> axum::Router {
-    use axum::http::StatusCode;
-    axum::Router::new()
-        .route("/livez", axum::routing::get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            axum::routing::get(move || {
-                let ready = *listed.borrow() && !*shutdown.borrow();
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ok\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-                    }
-                }
-            }),
-        )
 }

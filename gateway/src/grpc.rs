@@ -25,7 +25,6 @@ use floodgate_proto::v1::mirror_server::{Mirror, MirrorServer};
 use floodgate_proto::v1::{
     EndpointSnapshot, LinkSummary, ListLinksRequest, ListLinksResponse, WatchEndpointsRequest,
 };
-use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -50,7 +49,7 @@ pub struct MirrorLink {
     /// Its name.
     pub name: String,
     /// The token that opens it.
-    token: String,
+    token: crate::auth::Token,
     /// What it publishes.
     pub view: View,
     /// Its state (phase, sync, counters).
@@ -76,7 +75,7 @@ impl MirrorLink {
     pub fn new(name: &str, token: &str, view: View, state: watch::Receiver<LinkState>) -> Self {
         Self {
             name: name.to_owned(),
-            token: token.to_owned(),
+            token: crate::auth::Token::new(token),
             view,
             state,
             streams: Arc::new(Semaphore::new(MAX_STREAMS_PER_LINK)),
@@ -89,24 +88,42 @@ impl MirrorLink {
     }
 
     fn opens(&self, presented: &str) -> bool {
-        bool::from(presented.as_bytes().ct_eq(self.token.as_bytes()))
+        self.token.opens(presented)
     }
 }
+
+/// Where the gRPC service finds its links: a fixed set, or the process's
+/// [`crate::registry::Registry`], which links join and leave while it serves.
+pub trait Directory: Send + Sync + std::fmt::Debug + 'static {
+    /// Link `name`.
+    fn link(&self, name: &str) -> Option<Arc<MirrorLink>>;
+    /// Every link.
+    fn links(&self) -> Vec<Arc<MirrorLink>>;
+}
+
+impl Directory for HashMap<String, Arc<MirrorLink>> {
+    fn link(&self, name: &str) -> Option<Arc<MirrorLink>> {
+        self.get(name).cloned()
+    }
+    fn links(&self) -> Vec<Arc<MirrorLink>> {
+        self.values().cloned().collect()
+    }
+}
+
+/// How often the health service looks at whether every link has synced (links come and go
+/// in cluster mode, so there is no fixed set of states to wait on).
+const HEALTH_POLL: Duration = Duration::from_millis(250);
 
 /// The `floodgate.v1.Mirror` service.
 #[derive(Clone, Debug)]
 pub struct MirrorService {
-    links: Arc<HashMap<String, Arc<MirrorLink>>>,
+    links: Arc<dyn Directory>,
     shutdown: watch::Receiver<bool>,
 }
 
 /// The bearer token of a call, if any.
 fn bearer(meta: &MetadataMap) -> Option<&str> {
-    let v = meta.get("authorization")?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
+    crate::auth::bearer(meta.get("authorization")?.to_str().ok()?)
 }
 
 /// A watched service: "namespace/name", both non-empty; empty for every service.
@@ -130,19 +147,20 @@ impl MirrorService {
         links: impl IntoIterator<Item = MirrorLink>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        Self {
-            links: Arc::new(
-                links
-                    .into_iter()
-                    .map(|l| (l.name.clone(), Arc::new(l)))
-                    .collect(),
-            ),
-            shutdown,
-        }
+        let links: HashMap<String, Arc<MirrorLink>> = links
+            .into_iter()
+            .map(|l| (l.name.clone(), Arc::new(l)))
+            .collect();
+        Self::over(Arc::new(links), shutdown)
+    }
+
+    /// The service over a directory of links that may change while it serves.
+    pub fn over(links: Arc<dyn Directory>, shutdown: watch::Receiver<bool>) -> Self {
+        Self { links, shutdown }
     }
 
     /// The link the call's token opens, or UNAUTHENTICATED.
-    fn caller(&self, meta: &MetadataMap) -> Result<&Arc<MirrorLink>, Status> {
+    fn caller(&self, meta: &MetadataMap) -> Result<Arc<MirrorLink>, Status> {
         let unauthenticated = || {
             Status::unauthenticated(
                 "a link's bearer token is required (authorization: Bearer <token>)",
@@ -151,7 +169,7 @@ impl MirrorService {
         let token = bearer(meta).ok_or_else(unauthenticated)?;
         // Compare with every link, without stopping at the first match.
         let mut found = None;
-        for l in self.links.values() {
+        for l in self.links.links() {
             if l.opens(token) {
                 found = Some(l);
             }
@@ -162,15 +180,15 @@ impl MirrorService {
     /// Link `name`, if the call's token opens it.
     fn authorize(&self, meta: &MetadataMap, name: &str) -> Result<Arc<MirrorLink>, Status> {
         let caller = self.caller(meta)?;
-        let Some(link) = self.links.get(name) else {
+        let Some(link) = self.links.link(name) else {
             return Err(Status::not_found(format!("no link named {name:?}")));
         };
-        if !Arc::ptr_eq(caller, link) {
+        if !Arc::ptr_eq(&caller, &link) {
             return Err(Status::permission_denied(format!(
                 "this token does not open link {name:?}"
             )));
         }
-        Ok(link.clone())
+        Ok(link)
     }
 }
 
@@ -235,7 +253,7 @@ impl Mirror for MirrorService {
     ) -> Result<Response<ListLinksResponse>, Status> {
         let link = self.caller(request.metadata())?;
         Ok(Response::new(ListLinksResponse {
-            links: vec![summary(link)],
+            links: vec![summary(&link)],
         }))
     }
 }
@@ -277,15 +295,41 @@ pub async fn serve(
 ) -> Result<(), GrpcError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     set_health(&reporter, ServingStatus::NotServing).await;
-    let states: Vec<_> = service.links.values().map(|l| l.state.clone()).collect();
+    let links = service.links.clone();
     let mut stop = shutdown.clone();
     let signal = async move {
         let all_synced = async {
-            for mut s in states {
-                let _ = s.wait_for(|s| s.synced).await;
+            let mut serving = false;
+            loop {
+                let mut states: Vec<_> = links.links().iter().map(|l| l.state.clone()).collect();
+                let now = states.iter_mut().all(|s| s.borrow_and_update().synced);
+                if now != serving {
+                    serving = now;
+                    let status = if now {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    set_health(&reporter, status).await;
+                }
+                // Wake on any link's change at once, and now and then for links that joined.
+                if states.is_empty() {
+                    tokio::time::sleep(HEALTH_POLL).await;
+                    continue;
+                }
+                let any = futures_util::future::select_all(
+                    states.iter_mut().map(|s| Box::pin(s.changed())),
+                );
+                tokio::select! {
+                    (changed, _, _) = any => {
+                        // A link that ended (shutdown) changes no more: do not spin on it.
+                        if changed.is_err() {
+                            tokio::time::sleep(HEALTH_POLL).await;
+                        }
+                    }
+                    () = tokio::time::sleep(HEALTH_POLL) => {}
+                }
             }
-            set_health(&reporter, ServingStatus::Serving).await;
-            std::future::pending::<()>().await;
         };
         tokio::select! {
             _ = stop.wait_for(|s| *s) => {}

@@ -29,7 +29,6 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::Value;
-use subtle::ConstantTimeEq;
 
 use self::resource::{RESOURCES, ResourceDef};
 use self::route::{not_found_path, serve};
@@ -208,7 +207,7 @@ fn bump(a: &AtomicU64) {
 #[derive(Debug)]
 pub struct Api<S> {
     store: S,
-    token: String,
+    token: crate::auth::Token,
     limits: Limits,
     watch_slots: Arc<tokio::sync::Semaphore>,
     /// Request counters.
@@ -225,7 +224,7 @@ impl<S: ApiStore> Api<S> {
     pub fn with_limits(store: S, token: impl Into<String>, limits: Limits) -> Self {
         Self {
             store,
-            token: token.into(),
+            token: crate::auth::Token::new(token),
             limits,
             watch_slots: Arc::new(tokio::sync::Semaphore::new(limits.max_watches)),
             counters: ApiCounters::default(),
@@ -252,17 +251,13 @@ impl<S: ApiStore> Api<S> {
 
     /// Constant-time token check.
     pub fn opens(&self, presented: &str) -> bool {
-        bool::from(presented.as_bytes().ct_eq(self.token.as_bytes()))
+        self.token.opens(presented)
     }
 }
 
 /// The bearer token of a request, if any.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
+    crate::auth::bearer(headers.get(header::AUTHORIZATION)?.to_str().ok()?)
 }
 
 fn unauthorized() -> StatusError {
@@ -332,30 +327,47 @@ impl<S: ApiStore> Links<S> {
     }
 }
 
-/// A router serving every link under `/links/<name>/`.
-pub fn links_router<S: ApiStore>(links: Arc<Links<S>>) -> Router {
-    Router::new().fallback(links_handler::<S>).with_state(links)
+/// Where the facade finds the link a request names: [`Links`], or the process's
+/// [`crate::registry::Registry`].
+pub trait Directory: Send + Sync + 'static {
+    /// The store behind each link.
+    type Store: ApiStore;
+    /// Link `name`'s API.
+    fn api(&self, name: &str) -> Option<Arc<Api<Self::Store>>>;
+    /// Whether `token` opens any link (a wrong link's token gets 403, no token 401).
+    fn any_opens(&self, token: &str) -> bool;
 }
 
-async fn links_handler<S: ApiStore>(State(links): State<Arc<Links<S>>>, req: Request) -> Response {
+impl<S: ApiStore> Directory for Links<S> {
+    type Store = S;
+
+    fn api(&self, name: &str) -> Option<Arc<Api<S>>> {
+        self.read().get(name).cloned()
+    }
+
+    fn any_opens(&self, token: &str) -> bool {
+        self.read().values().any(|other| other.opens(token))
+    }
+}
+
+/// A router serving every link of `links` under `/links/<name>/`.
+pub fn links_router<D: Directory>(links: Arc<D>) -> Router {
+    Router::new().fallback(links_handler::<D>).with_state(links)
+}
+
+async fn links_handler<D: Directory>(State(links): State<Arc<D>>, req: Request) -> Response {
     let path = req.uri().path().to_owned();
     let Some(rest) = path.strip_prefix("/links/") else {
         return not_found_path().into_response();
     };
     let (name, sub) = rest.split_once('/').map_or((rest, "/"), |(n, s)| (n, s));
-    let (api, other_opens) = {
-        let apis = links.read();
-        let Some(api) = apis.get(name).cloned() else {
-            return StatusError::new(Reason::NotFound, format!("no link named {name:?}"))
-                .into_response();
-        };
-        let token = bearer(req.headers());
-        let other = token.is_some_and(|t| apis.values().any(|other| other.opens(t)));
-        (api, other)
+    let Some(api) = links.api(name) else {
+        return StatusError::new(Reason::NotFound, format!("no link named {name:?}"))
+            .into_response();
     };
     match bearer(req.headers()) {
         Some(t) if api.opens(t) => {}
-        Some(_) if other_opens => {
+        Some(t) if links.any_opens(t) => {
             bump(&api.counters.unauthorized);
             return StatusError::new(
                 Reason::Forbidden,

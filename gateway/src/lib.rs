@@ -9,9 +9,12 @@
 //! - [`persist`]: quarantine that survives restarts (state and last good view on disk).
 //! - [`kubeapi`]: the Kubernetes list/watch facade consumers talk to.
 //! - [`grpc`]: `floodgate.v1` endpoint snapshots, link listing and gRPC health.
+//! - [`auth`]: bearer tokens, read and compared once for every listener.
 //! - [`admin`]: the admin API: links, release and quarantine, config, the status page.
 //! - [`metrics`]: Prometheus metrics per link, computed at scrape time.
 //! - [`model`]: the object model every layer shares: `Object`, `Kind`, `NsName`, the annotations.
+//! - [`registry`]: the links a process serves, which every listener reads.
+//! - [`server`]: the facade, gRPC, admin API and health over the registry, for both modes.
 //! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
 //! - [`tls`]: certificates and the TLS accept loop of the facade.
 //! - [`cli`]: the command line and its commands.
@@ -21,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod auth;
 pub mod churn;
 pub mod cli;
 pub mod controller;
@@ -30,7 +34,9 @@ pub mod link;
 pub mod metrics;
 pub mod model;
 pub mod persist;
+pub mod registry;
 pub mod run;
+pub mod server;
 pub mod tls;
 pub mod upstream;
 pub mod view;

@@ -27,7 +27,6 @@
 //! | `floodgate_upstream_oversized_total` | counter | (objects over the 2 MiB limit, refused) |
 //! | `floodgate_discarded_writes_total` | counter | (Events accepted and discarded) |
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use floodgate_link_crd::Phase;
@@ -38,8 +37,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::kubeapi::Api;
-use crate::link::{LinkHandle, LinkState, LinkStore};
+use crate::link::LinkState;
+use crate::registry::Registry as Links;
 
 /// Every phase, in the order `floodgate_link_phase` lists them.
 const PHASES: [Phase; 4] = [
@@ -56,10 +55,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Metrics of these links.
-    pub fn new(links: Arc<Vec<LinkHandle>>, apis: HashMap<String, Arc<Api<LinkStore>>>) -> Self {
+    /// Metrics of the links served, whichever they are at scrape time.
+    pub fn new(links: Arc<Links>) -> Self {
         let mut registry = Registry::with_prefix("floodgate");
-        registry.register_collector(Box::new(LinkCollector { links, apis }));
+        registry.register_collector(Box::new(LinkCollector { links }));
         Self { registry }
     }
 
@@ -73,8 +72,7 @@ impl Metrics {
 
 #[derive(Debug)]
 struct LinkCollector {
-    links: Arc<Vec<LinkHandle>>,
-    apis: HashMap<String, Arc<Api<LinkStore>>>,
+    links: Arc<Links>,
 }
 
 /// One link's figures, read once per scrape.
@@ -115,15 +113,13 @@ fn gauge(
 impl LinkCollector {
     fn samples(&self) -> Vec<Sample> {
         self.links
+            .all()
             .iter()
-            .map(|l| {
-                let api = self.apis.get(&l.name);
-                Sample {
-                    name: l.name.clone(),
-                    state: l.state.borrow().clone(),
-                    watchers: api.map_or(0, |a| a.open_watches() as u64),
-                    discarded: api.map_or(0, |a| a.counters.snapshot().events_discarded),
-                }
+            .map(|l| Sample {
+                name: l.name().to_owned(),
+                state: l.handle.state.borrow().clone(),
+                watchers: l.api.open_watches() as u64,
+                discarded: l.api.counters.snapshot().events_discarded,
             })
             .collect()
     }

@@ -1,5 +1,4 @@
-//! `floodgate run`: every link of a links file, the facade that serves them, and the health
-//! endpoints, in one process.
+//! `floodgate run`: every link of a links file in the [`crate::server`] both modes share.
 //!
 //! Tasks: one per link ([`crate::link`]), the facade's accept loop with one task per connection
 //! ([`crate::tls`]), the admin listener, and the gRPC server ([`crate::grpc`]). The state
@@ -13,16 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::Router;
-use axum::routing::get;
 use floodgate_link_crd::{LinksFile, NamedLink};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::grpc;
-use crate::kubeapi::{self, Api, Links};
+use crate::kubeapi::{self, Api};
 use crate::link::{self, Connect, LinkHandle, LinkStore};
+use crate::registry::Registry;
+use crate::server::{self, Listeners, ServerConfig, Signals};
 use crate::tls::{self, TlsMaterial};
 
 /// Where the facade's certificate comes from.
@@ -76,10 +74,12 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     /// The CA consumers trust (PEM), when serving TLS.
     pub ca_pem: Option<String>,
-    /// The links.
-    pub links: Arc<Vec<LinkHandle>>,
-    /// Each link's API (its request counters).
+    /// The links of the file, in the registry's order (for in-process tests).
+    pub links: Arc<Vec<Arc<LinkHandle>>>,
+    /// Each link's API (its request counters), from the registry.
     pub apis: HashMap<String, Arc<Api<LinkStore>>>,
+    /// What every listener serves.
+    pub registry: Arc<Registry>,
     tokens: HashMap<String, String>,
     shutdown: watch::Sender<bool>,
     /// Readiness off (the first step of a shutdown).
@@ -139,9 +139,9 @@ impl Running {
         self.tokens.get(link).map(String::as_str)
     }
 
-    /// True when every link has completed its first sync.
+    /// True when every link serves (synced, or a last good view).
     pub fn ready(&self) -> bool {
-        all_synced(&self.links)
+        self.registry.not_serving().is_empty()
     }
 
     /// Stops everything (in-process tests): [`Running::shutdown`] with a 5 s deadline.
@@ -191,10 +191,6 @@ impl Running {
             Err(ShutdownError::Deadline { watches, deadline })
         }
     }
-}
-
-fn all_synced(links: &[LinkHandle]) -> bool {
-    links.iter().all(|l| l.state.borrow().synced)
 }
 
 /// A kubeconfig for a consumer: server (with the link's prefix), CA, token.
@@ -326,85 +322,63 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         .admin_token_file
         .as_deref()
         .map(crate::admin::read_token)
-        .transpose()?;
+        .transpose()?
+        .map(crate::auth::Token::new);
     let tls = tls_material(&cfg.tls, &cfg.state_dir, &cfg.hosts)?;
-    let mut handles = Vec::new();
-    let mut apis = HashMap::new();
+    let registry = Arc::new(Registry::new());
     let mut tokens = HashMap::new();
     for l in &cfg.links.links {
         let token = link_token(&cfg.state_dir, &l.name)?;
-        let handle = link::spawn(
+        let handle = Arc::new(link::spawn(
             &l.name,
             l.spec.clone(),
             connect_from_file(l),
             incarnation(),
             Some(crate::persist::LinkDir::new(&cfg.state_dir, &l.name)),
             shutdown.clone(),
-        );
-        apis.insert(
-            l.name.clone(),
-            Arc::new(Api::new(LinkStore::new(&handle), token.clone())),
-        );
+        ));
+        registry.insert(handle, &token);
         tokens.insert(l.name.clone(), token);
-        handles.push(handle);
     }
-    let links = Arc::new(handles);
+    let entries = registry.all();
+    let links = Arc::new(entries.iter().map(|e| e.handle.clone()).collect::<Vec<_>>());
+    let apis = entries
+        .iter()
+        .map(|e| (e.name().to_owned(), e.api.clone()))
+        .collect();
 
-    let facade = kubeapi::serve::bind(cfg.listen)
-        .with_context(|| format!("binding the facade to {}", cfg.listen))?;
-    let facade_addr = facade.local_addr()?;
-    let router = kubeapi::links_router(Arc::new(Links::new(apis.clone())));
-    let stop = wait_for(shutdown.clone());
-    let facade_tls = tls.as_ref().map(tls::server_config).transpose()?;
-    let limits = cfg.serve;
-    let facade_task = tokio::spawn(async move {
-        if let Err(e) = kubeapi::serve::serve(facade, facade_tls, router, limits, stop).await {
-            tracing::error!(error = %e, "the facade stopped");
-        }
-    });
-
-    let admin = TcpListener::bind(cfg.admin_listen)
-        .await
-        .with_context(|| format!("binding the admin API to {}", cfg.admin_listen))?;
-    let admin_addr = admin.local_addr()?;
-    let admin_config = crate::admin::config_json(&cfg);
-    tracing::info!(config = %admin_config, "effective configuration");
-    let admin_state = Arc::new(crate::admin::AdminState {
-        links: links.clone(),
-        apis: apis.clone(),
-        config: admin_config,
-        token: admin_token,
-        metrics: crate::metrics::Metrics::new(links.clone(), apis.clone()),
-    });
-    let admin_router = crate::admin::finish(
-        crate::admin::router(admin_state).merge(health_router(links.clone(), unready_rx.clone())),
-    );
-    let stop = wait_for(admin_stopped);
-    let admin_task = tokio::spawn(async move {
-        if let Err(e) = kubeapi::serve_plain(admin, admin_router, stop).await {
-            tracing::error!(error = %e, "the admin listener stopped");
-        }
-    });
-    let grpc = TcpListener::bind(cfg.grpc_listen)
-        .await
-        .with_context(|| format!("binding gRPC to {}", cfg.grpc_listen))?;
-    let grpc_addr = grpc.local_addr()?;
-    let mirror = grpc::MirrorService::new(
-        links
-            .iter()
-            .filter_map(|l| Some(grpc::MirrorLink::of(l, tokens.get(&l.name)?))),
-        // gRPC health turns NOT_SERVING with readiness.
-        unready_rx,
-    );
-    let grpc_tls = tls
-        .as_ref()
-        .map(|m| grpc::tls_config(&m.cert_pem, &m.key_pem));
-    let grpc_shutdown = shutdown.clone();
-    let grpc_task = tokio::spawn(async move {
-        if let Err(e) = grpc::serve(grpc, mirror, grpc_tls, grpc_shutdown).await {
-            tracing::error!(error = %e, "the gRPC listener stopped");
-        }
-    });
+    let listeners = Listeners {
+        facade: kubeapi::serve::bind(cfg.listen)
+            .with_context(|| format!("binding the facade to {}", cfg.listen))?,
+        admin: TcpListener::bind(cfg.admin_listen)
+            .await
+            .with_context(|| format!("binding the admin API to {}", cfg.admin_listen))?,
+        grpc: TcpListener::bind(cfg.grpc_listen)
+            .await
+            .with_context(|| format!("binding gRPC to {}", cfg.grpc_listen))?,
+    };
+    let config = crate::admin::config_json(&cfg);
+    tracing::info!(config = %config, "effective configuration");
+    // Standalone mode has nothing to wait for besides its links.
+    let (_, gate) = watch::channel(true);
+    let server = server::start(
+        registry.clone(),
+        listeners,
+        ServerConfig {
+            tls: tls.clone(),
+            limits: cfg.serve,
+            admin_token,
+            config,
+        },
+        Signals {
+            gate,
+            unready: unready_rx,
+            shutdown: shutdown.clone(),
+            admin_stop: admin_stopped,
+        },
+    )?;
+    let (facade_addr, admin_addr, grpc_addr) =
+        (server.facade_addr, server.admin_addr, server.grpc_addr);
     tracing::info!(%facade_addr, %admin_addr, %grpc_addr, links = links.len(), tls = tls.is_some(), "floodgate is serving");
     Ok(Running {
         facade_addr,
@@ -413,48 +387,12 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         ca_pem: tls.map(|m| m.ca_pem),
         links,
         apis,
+        registry,
         tokens,
         shutdown: shutdown_tx,
         unready,
         admin_stop,
-        facade_task,
-        tasks: vec![admin_task, grpc_task],
+        facade_task: server.facade_task,
+        tasks: server.tasks,
     })
-}
-
-async fn wait_for(mut shutdown: watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
-/// `/livez` and `/readyz`: ready once every link has synced, not ready from shutdown on.
-pub fn health_router(links: Arc<Vec<LinkHandle>>, shutdown: watch::Receiver<bool>) -> Router {
-    Router::new()
-        .route("/livez", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let links = links.clone();
-                let shutting_down = *shutdown.borrow();
-                async move {
-                    let waiting: Vec<String> = links
-                        .iter()
-                        .filter(|l| !l.state.borrow().synced)
-                        .map(|l| l.name.clone())
-                        .collect();
-                    if shutting_down {
-                        (
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                            "shutting down\n".to_owned(),
-                        )
-                    } else if waiting.is_empty() {
-                        (axum::http::StatusCode::OK, "ok\n".to_owned())
-                    } else {
-                        (
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                            format!("not synced yet: {}\n", waiting.join(", ")),
-                        )
-                    }
-                }
-            }),
-        )
 }

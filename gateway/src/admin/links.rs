@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::kubeapi::Api;
-use crate::link::{LinkHandle, LinkState, LinkStore};
+use crate::link::{LinkState, LinkStore};
+use crate::registry::Entry;
 
 /// The wall-clock time of an engine instant, in RFC 3339 (UTC, milliseconds).
 pub fn wall_clock(at: Instant, now: Instant, wall_now: SystemTime) -> Option<String> {
@@ -21,9 +22,9 @@ pub fn wall_clock(at: Instant, now: Instant, wall_now: SystemTime) -> Option<Str
 }
 
 /// `GET /links/{name}`'s body.
-pub fn describe(link: &LinkHandle, api: Option<&std::sync::Arc<Api<LinkStore>>>) -> Value {
-    let state = link.state.borrow().clone();
-    describe_state(&link.name, &state, api.map(|a| a.as_ref()))
+pub fn describe(link: &Entry) -> Value {
+    let state = link.handle.state.borrow().clone();
+    describe_state(link.name(), &state, Some(&link.api))
 }
 
 /// The body for a link's state (apart from the handle, for tests).

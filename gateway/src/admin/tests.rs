@@ -1,7 +1,6 @@
 //! Router tests: every admin route and error, with `oneshot`, against real links whose remote
 //! is the facade's own protocol code over an in-memory view (no sockets).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +16,11 @@ use tower::ServiceExt as _;
 use super::*;
 use crate::kubeapi::ApiStore;
 use crate::kubeapi::resource::{RESOURCES, ResourceDef};
+use crate::link::LinkHandle;
 use crate::link::{self, Connect};
 use crate::model::{Kind, Object};
-use crate::run::{RunConfig, TlsSource, health_router};
+use crate::run::{RunConfig, TlsSource};
+use crate::server::health_router;
 use crate::view::{self, View};
 
 const TOKEN: &str = "s3cret-admin-token";
@@ -71,7 +72,7 @@ fn mk_client(view: View) -> kube::Client {
 
 struct Fixture {
     router: Router,
-    links: Arc<Vec<LinkHandle>>,
+    links: Vec<Arc<LinkHandle>>,
     _shutdown: watch::Sender<bool>,
 }
 
@@ -93,19 +94,11 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
     });
     let east = link::spawn("east", spec.clone(), connect, 1, None, shutdown.clone());
     let west = link::spawn("west", spec.clone(), never, 2, None, shutdown.clone());
-    let links = Arc::new(vec![east, west]);
-    let apis: HashMap<_, _> = links
-        .iter()
-        .map(|l| {
-            (
-                l.name.clone(),
-                Arc::new(crate::kubeapi::Api::new(
-                    LinkStore::new(l),
-                    format!("link-token-{}", l.name),
-                )),
-            )
-        })
-        .collect();
+    let links = vec![Arc::new(east), Arc::new(west)];
+    let registry = Arc::new(Registry::new());
+    for l in &links {
+        registry.insert(l.clone(), &format!("link-token-{}", l.name));
+    }
     let cfg = RunConfig {
         links: LinksFile {
             links: vec![NamedLink {
@@ -123,13 +116,13 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
         serve: Default::default(),
     };
     let state = Arc::new(AdminState {
-        links: links.clone(),
-        apis: apis.clone(),
+        links: registry.clone(),
         config: config_json(&cfg),
-        token: token.map(str::to_owned),
-        metrics: Metrics::new(links.clone(), apis),
+        token: token.map(crate::auth::Token::new),
+        metrics: Metrics::new(registry.clone()),
     });
-    let router = finish(router(state).merge(health_router(links.clone(), shutdown)));
+    let (_, gate) = watch::channel(true);
+    let router = finish(router(state).merge(health_router(registry, gate, shutdown)));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !links[0].state.borrow().synced {
         assert!(
