@@ -37,6 +37,7 @@ mod admit;
 mod fetch;
 pub mod health;
 pub mod strategy;
+pub mod trim;
 pub mod wanted;
 pub mod wire;
 
@@ -365,7 +366,7 @@ pub fn start(
             let c = c.clone();
             move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w)
         },
-        |p| wired(p, |p| Object::Pod(Arc::new(p))),
+        |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p)))),
         Gate::After(lists),
         Some(wanted),
     );
