@@ -27,6 +27,8 @@ pub struct SimStore {
     uids: AtomicU64,
     version: Value,
     failing: Mutex<Option<StatusError>>,
+    refuse_streaming_lists: std::sync::atomic::AtomicBool,
+    ignore_limit: std::sync::atomic::AtomicBool,
 }
 
 impl SimStore {
@@ -38,6 +40,8 @@ impl SimStore {
             writes: Mutex::new(()),
             uids: AtomicU64::new(1),
             failing: Mutex::new(None),
+            refuse_streaming_lists: Default::default(),
+            ignore_limit: Default::default(),
             version: json!({
                 "major": "1", "minor": "33", "gitVersion": "v1.33.0-kube-sim", "gitCommit": "",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "",
@@ -63,6 +67,19 @@ impl SimStore {
     pub fn set_failing(&self, error: Option<StatusError>) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = error;
         self.view.disconnect();
+    }
+
+    /// Refuses streaming lists (`sendInitialEvents`) with 422 Invalid from now on, as an API
+    /// server with its `WatchList` feature off does, or serves them again.
+    pub fn set_refuse_streaming_lists(&self, refuse: bool) {
+        self.refuse_streaming_lists.store(refuse, Ordering::Relaxed);
+    }
+
+    /// Ignores `limit` from now on: every list is one body, as a real API server serves a
+    /// `resourceVersion=0` list from its watch cache (kube-sim, like Floodgate's facade,
+    /// already serves those whole; this extends it to lists of the current state).
+    pub fn set_ignore_limit(&self, ignore: bool) {
+        self.ignore_limit.store(ignore, Ordering::Relaxed);
     }
 
     /// Ends every watch and forgets the history: each client's resume gets a 410 and relists
@@ -110,6 +127,14 @@ impl ApiStore for SimStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    fn serves_streaming_lists(&self) -> bool {
+        !self.refuse_streaming_lists.load(Ordering::Relaxed)
+    }
+
+    fn honours_limit(&self) -> bool {
+        !self.ignore_limit.load(Ordering::Relaxed)
     }
 
     fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {

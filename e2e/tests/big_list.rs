@@ -111,6 +111,9 @@ async fn relist_all(
 async fn a_remote_of_200000_pods_is_listed_in_pages_and_memory_stays_bounded() {
     let built = Instant::now();
     let store = Arc::new(SimStore::new(201, 10_000));
+    // The paged path: a remote that refuses streaming lists (Floodgate streams them where it
+    // can, and then lists nothing).
+    store.set_refuse_streaming_lists(true);
     let mut cluster = Cluster::new(store.clone(), "prod");
     cluster.add_service("web", true);
     cluster.scale("web", 3, true);

@@ -18,6 +18,34 @@ use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::watcher;
 
+/// Watches `slices` through its initial sync, then reports each later event as
+/// `apply NAME`, `delete NAME`, `init`, `initapply NAME` or `initdone`.
+async fn slice_events(slices: Api<EndpointSlice>) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let mut w = watcher::watcher(slices, watcher::Config::default()).boxed();
+    loop {
+        if let Some(Ok(watcher::Event::InitDone)) = w.next().await {
+            break;
+        }
+    }
+    let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(ev)) = w.next().await {
+            let name = |s: EndpointSlice| s.metadata.name.unwrap_or_default();
+            let what = match ev {
+                watcher::Event::Apply(s) => format!("apply {}", name(s)),
+                watcher::Event::Delete(s) => format!("delete {}", name(s)),
+                watcher::Event::Init => "init".to_owned(),
+                watcher::Event::InitApply(s) => format!("initapply {}", name(s)),
+                watcher::Event::InitDone => "initdone".to_owned(),
+            };
+            if tx.send(what).is_err() {
+                return;
+            }
+        }
+    });
+    events
+}
+
 /// The `status.podIP` of pod `prod/<name>` in `view`.
 fn pod_ip(view: &floodgate::view::View, name: &str) -> Option<String> {
     let s = view.get(&ObjKey {
@@ -48,37 +76,7 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
         .await
         .expect("stack");
     let through = stack.consumer().await.expect("client");
-    let mut w = watcher::watcher(
-        Api::<EndpointSlice>::all(through),
-        watcher::Config::default(),
-    )
-    .boxed();
-    loop {
-        if let Some(Ok(watcher::Event::InitDone)) = w.next().await {
-            break;
-        }
-    }
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(ev)) = w.next().await {
-            let what = match ev {
-                watcher::Event::Apply(s) => {
-                    format!("apply {}", s.metadata.name.unwrap_or_default())
-                }
-                watcher::Event::Delete(s) => {
-                    format!("delete {}", s.metadata.name.unwrap_or_default())
-                }
-                watcher::Event::Init => "init".to_owned(),
-                watcher::Event::InitApply(s) => {
-                    format!("initapply {}", s.metadata.name.unwrap_or_default())
-                }
-                watcher::Event::InitDone => "initdone".to_owned(),
-            };
-            if tx.send(what).is_err() {
-                return;
-            }
-        }
-    });
+    let mut events = slice_events(Api::<EndpointSlice>::all(through)).await;
     let view = stack.floodgate.links[0].view.clone();
 
     // The outage: every request fails, open watches are cut.
@@ -299,4 +297,83 @@ async fn reqwest_lite(addr: std::net::SocketAddr, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
     out
+}
+
+/// The remote goes away for `outage` (listener closed, every connection dropped) and comes
+/// back on the same port: the link says `Degraded` within 10 s and serves its view throughout;
+/// a change made after the restart reaches consumers within 10 s, and they see no other event.
+async fn a_dead_remote_is_degraded_and_back_quickly(outage: Duration) {
+    use floodgate_e2e::chaos::ChaosStack;
+    let store = Arc::new(SimStore::new(48, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    for svc in ["web", "api"] {
+        cluster.add_service(svc, true);
+        cluster.scale(svc, 3, true);
+    }
+    let stack = ChaosStack::start(store.clone(), Stack::default_spec())
+        .await
+        .expect("stack");
+    assert_eq!(stack.link().phase, Phase::Healthy);
+    let through = stack.consumer().await.expect("client");
+    let slices = Api::<EndpointSlice>::all(through);
+    let mut events = slice_events(slices.clone()).await;
+
+    stack.chaos.kill();
+    let killed = tokio::time::Instant::now();
+    floodgate_e2e::until(10, "Degraded", async || {
+        stack.link().phase == Phase::Degraded
+    })
+    .await;
+    let state = stack.link();
+    assert!(
+        state.message.contains("unreachable since"),
+        "{}",
+        state.message
+    );
+    let served = slices.list(&ListParams::default()).await.expect("served");
+    assert_eq!(
+        served.items.len(),
+        2,
+        "the view is served while the remote is down"
+    );
+    tokio::time::sleep(outage.saturating_sub(killed.elapsed())).await;
+    assert_eq!(stack.link().phase, Phase::Degraded, "still down");
+
+    stack.chaos.restart().await.expect("restart");
+    let back = tokio::time::Instant::now();
+    cluster.roll_pod("web", 0);
+    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("the change after the restart within 10 s")
+        .expect("event");
+    assert_eq!(got, "apply web-00000");
+    eprintln!(
+        "the first change after the restart arrived in {:?}",
+        back.elapsed()
+    );
+    // A second change is the marker: whatever came before it came in between.
+    cluster.roll_pod("api", 1);
+    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("the marker")
+        .expect("event");
+    assert_eq!(got, "apply api-00000", "no other event");
+    floodgate_e2e::until(20, "Healthy again", async || {
+        stack.link().phase == Phase::Healthy
+    })
+    .await;
+}
+
+/// The scenario, 60 s down (`make e2e`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a minute long: make e2e"]
+async fn outage_of_60_s_is_degraded_and_short() {
+    a_dead_remote_is_degraded_and_back_quickly(Duration::from_secs(60)).await;
+}
+
+/// The same, 15 s down (`make test`): long enough for every watcher's backoff to reach its
+/// ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_of_15_s_is_degraded_and_short() {
+    a_dead_remote_is_degraded_and_back_quickly(Duration::from_secs(15)).await;
 }

@@ -206,6 +206,12 @@ impl Engine {
         self.deciding = deciding;
     }
 
+    /// Shares the pods the engine wants with the upstream pod watcher, which then skips
+    /// decoding the others.
+    pub fn mirror_wanted(&mut self, wanted: crate::upstream::wanted::WantedPods) {
+        self.publisher.mirror_wanted(wanted);
+    }
+
     /// The published view.
     pub fn view(&self) -> &View {
         self.publisher.view()

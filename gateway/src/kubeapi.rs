@@ -107,6 +107,18 @@ pub trait ApiStore: Send + Sync + 'static {
         None
     }
 
+    /// Whether watches may ask for a streaming list (`sendInitialEvents`). A store that says
+    /// no refuses them with 422 Invalid, as an API server with the `WatchList` feature off does.
+    fn serves_streaming_lists(&self) -> bool {
+        true
+    }
+
+    /// Whether lists honour `limit`. A store that says no serves every list whole, as an API
+    /// server does from its watch cache.
+    fn honours_limit(&self) -> bool {
+        true
+    }
+
     /// Creates, updates, patches or deletes. Floodgate's links are read-only.
     fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
         Err(StatusError::new(
@@ -143,6 +155,12 @@ impl<T: ApiStore> ApiStore for Arc<T> {
     }
     fn fault(&self) -> Option<StatusError> {
         T::fault(self)
+    }
+    fn serves_streaming_lists(&self) -> bool {
+        T::serves_streaming_lists(self)
+    }
+    fn honours_limit(&self) -> bool {
+        T::honours_limit(self)
     }
     fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
         T::write(self, w)

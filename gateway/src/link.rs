@@ -36,8 +36,14 @@ pub const UPSTREAM_QUEUE: usize = 4096;
 /// Messages taken from the queue before the engine is polled again.
 const BATCH: usize = 1024;
 
-/// The first and the longest wait between attempts to reach a remote.
-const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+/// The waits between attempts to reach a remote: from 500 ms, doubling to at most 3 s, each
+/// with up to as much again of jitter, so links do not retry in step and a remote that is
+/// back is reached within about 6 s (consumers are waiting).
+const CONNECT_BACKOFF: backon::ExponentialBuilder = backon::ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(500))
+    .with_max_delay(Duration::from_secs(3))
+    .with_jitter()
+    .without_max_times();
 
 mod task;
 
@@ -85,6 +91,8 @@ pub struct LinkState {
     pub upstream_oversized: u64,
     /// Objects applied or deleted upstream, per resource kind (initial lists included).
     pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
+    /// How each upstream watcher takes its lists (`streaming` or `paged`), per resource kind.
+    pub upstream_list_strategies: BTreeMap<&'static str, &'static str>,
     /// True once the link has reached its remote.
     pub connected: bool,
     /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
@@ -331,6 +339,12 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
         upstream_events_by_kind: crate::model::Kind::ALL
             .iter()
             .map(|k| (k.name(), counters.events_of(*k)))
+            .collect(),
+        upstream_list_strategies: crate::model::Kind::ALL
+            .iter()
+            .map(|k| (k.name(), counters.strategy_of(*k)))
+            .filter(|(_, s)| *s != crate::upstream::strategy::ListStrategy::Unknown)
+            .map(|(k, s)| (k, s.name()))
             .collect(),
         connected: true,
         pending: engine.pending(),

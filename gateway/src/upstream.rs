@@ -12,7 +12,10 @@
 //! - ReplicaSets are watched as metadata only (what Linkerd's destination reads of them).
 //! - Linkerd `Server`s are watched only when the remote serves `policy.linkerd.io/v1beta3`.
 //!
-//! Each watcher reconnects with kube-rs's default backoff (exponential, with jitter) and relists
+//! Each watcher takes its first list as a streaming list where the remote serves them, and in
+//! pages where it refuses ([`strategy`]). It reconnects with [`WATCH_BACKOFF`] (exponential,
+//! with jitter, a short ceiling: consumers wait while a link reconnects), reports failures to
+//! reach the remote to [`health`] (the link says `Degraded` from them), and relists
 //! on 410 with the `Init`/`InitDone` markers the engine uses to publish only real differences.
 //! Every message carries the generation of the upstream run that produced it, so events still
 //! in flight from a stopped run are dropped.
@@ -31,10 +34,15 @@
 //! its list or stream goes on.
 
 mod admit;
+mod fetch;
+pub mod health;
+pub mod strategy;
+pub mod trim;
+pub mod wanted;
 pub mod wire;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -43,13 +51,18 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::utils::ResetTimerBackoff;
+use kube::runtime::watcher::{self, Event, ExponentialBackoff, ListSemantic};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 pub use self::admit::{Refused, encoded_len};
 use self::admit::{refuse, typed, wired};
+pub use self::fetch::fetch_pods;
+use self::health::Health;
+use self::strategy::{ListStrategy, refuses_streaming};
+use self::wanted::WantedPods;
 use self::wire::Wire;
 use crate::churn::Change;
 use crate::model::{Kind, NsName, ObjKey, Object, Server};
@@ -79,12 +92,25 @@ pub struct UpstreamCounters {
     pub oversized: AtomicU64,
     /// Relists Floodgate forced because kube-rs could not recover by itself ([`needs_relist`]).
     pub forced_relists: AtomicU64,
+    /// How each watcher lists, per kind in [`Kind::ALL`]'s order ([`UpstreamCounters::strategy_of`]).
+    pub list_strategy: [AtomicU8; Kind::ALL.len()],
+    /// Whether the remote answers, as the watchers see it.
+    pub health: Health,
+    /// Pod events not decoded because no one wants the pod ([`wanted`]).
+    pub pods_skipped: AtomicU64,
 }
 
 impl UpstreamCounters {
     /// Objects applied or deleted of `kind` so far.
     pub fn events_of(&self, kind: Kind) -> u64 {
         kind_index(kind).map_or(0, |i| self.events[i].load(Ordering::Relaxed))
+    }
+
+    /// How the watcher of `kind` lists.
+    pub fn strategy_of(&self, kind: Kind) -> ListStrategy {
+        kind_index(kind).map_or(ListStrategy::Unknown, |i| {
+            ListStrategy::load(&self.list_strategy[i])
+        })
     }
 }
 
@@ -138,6 +164,33 @@ pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
     cfg.reset_reader_on_write = true;
     cfg.default_retry = false;
     Client::try_from(cfg)
+}
+
+/// The watchers' reconnect backoff: the first wait, the longest, and how long without an error
+/// resets it. Jitter adds up to as much again to each wait, so the link's watchers do not
+/// reconnect in step. The ceiling is short because consumers wait on a link that reconnects:
+/// with kube-rs's default (30 s, as client-go's), the first change after a 70 s outage reached
+/// consumers 29.5 s after the remote was back; with 3 s it is there within about 6 s.
+pub const WATCH_BACKOFF: (
+    std::time::Duration,
+    std::time::Duration,
+    std::time::Duration,
+) = (
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(3),
+    std::time::Duration::from_secs(60),
+);
+
+/// A fresh [`WATCH_BACKOFF`].
+fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
+    let (first, ceiling, reset) = WATCH_BACKOFF;
+    let exp = backon::ExponentialBuilder::default()
+        .with_min_delay(first)
+        .with_max_delay(ceiling)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(exp.into(), reset)
 }
 
 /// The first and the longest wait before a relist Floodgate forces ([`needs_relist`]), so a
@@ -250,101 +303,97 @@ enum Gate {
     After(Arc<tokio::sync::Semaphore>),
 }
 
-/// Starts one watcher per kind, sending into `tx` with `generation`.
+/// Starts one watcher per kind, sending into `tx` with `generation`; the pod watcher decodes
+/// only the pods in `wanted`.
 pub fn start(
     remote: &Remote,
     generation: u64,
     tx: mpsc::Sender<Message>,
     counters: Arc<UpstreamCounters>,
+    wanted: WantedPods,
 ) -> Upstream {
     let mut tasks = JoinSet::new();
     let c = &remote.client;
     let all = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
     let labelled = all.clone().labels(&remote.selector);
     let lists = Arc::new(tokio::sync::Semaphore::new(0));
-    spawn(
+    let w = Watch {
+        generation,
+        tx: &tx,
+        counters: &counters,
+    };
+    w.spawn(
         &mut tasks,
         Kind::Service,
-        {
-            let (c, w) = (c.clone(), labelled.clone());
-            move || watcher::watcher(Api::<Service>::all(c.clone()), w.clone())
-        },
-        |s| typed(s, |s| Object::Service(Arc::new(s))),
-        generation,
-        &tx,
-        &counters,
-        Gate::Open,
-    );
-    spawn(
-        &mut tasks,
-        Kind::EndpointSlice,
-        {
-            let (c, w) = (c.clone(), labelled.clone());
-            move || watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w.clone())
-        },
-        |s| typed(s, |s| Object::EndpointSlice(Arc::new(s))),
-        generation,
-        &tx,
-        &counters,
-        Gate::Opens(lists.clone()),
-    );
-    spawn(
-        &mut tasks,
-        Kind::Endpoints,
+        labelled.clone(),
         {
             let c = c.clone();
-            move || watcher::watcher(Api::<Endpoints>::all(c.clone()), labelled.clone())
+            move |w| watcher::watcher(Api::<Service>::all(c.clone()), w)
+        },
+        |s| typed(s, |s| Object::Service(Arc::new(s))),
+        Gate::Open,
+        None,
+    );
+    w.spawn(
+        &mut tasks,
+        Kind::EndpointSlice,
+        labelled.clone(),
+        {
+            let c = c.clone();
+            move |w| watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w)
+        },
+        |s| typed(s, |s| Object::EndpointSlice(Arc::new(s))),
+        Gate::Opens(lists.clone()),
+        None,
+    );
+    w.spawn(
+        &mut tasks,
+        Kind::Endpoints,
+        labelled,
+        {
+            let c = c.clone();
+            move |w| watcher::watcher(Api::<Endpoints>::all(c.clone()), w)
         },
         |s| typed(s, |s| Object::Endpoints(Arc::new(s))),
-        generation,
-        &tx,
-        &counters,
         Gate::Opens(lists.clone()),
+        None,
     );
-    spawn(
+    w.spawn(
         &mut tasks,
         Kind::Pod,
+        all.clone(),
         {
-            let (c, w) = (c.clone(), all.clone());
-            move || watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w.clone())
+            let c = c.clone();
+            move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w)
         },
-        |p| wired(p, |p| Object::Pod(Arc::new(p))),
-        generation,
-        &tx,
-        &counters,
-        Gate::After(lists.clone()),
+        |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p)))),
+        Gate::After(lists),
+        Some(wanted),
     );
-    spawn(
+    w.spawn(
         &mut tasks,
         Kind::ReplicaSet,
+        all.clone(),
         {
-            let (c, w) = (c.clone(), all.clone());
-            move || {
-                watcher::watcher(
-                    Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()),
-                    w.clone(),
-                )
-            }
+            let c = c.clone();
+            move |w| watcher::watcher(Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()), w)
         },
         |m| typed(m, |m| Object::ReplicaSet(Arc::new(m.metadata))),
-        generation,
-        &tx,
-        &counters,
         Gate::Open,
+        None,
     );
     if remote.has_servers {
         let ar = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("policy.linkerd.io", "v1beta3", "Server"),
             "servers",
         );
-        spawn(
+        w.spawn(
             &mut tasks,
             Kind::Server,
+            all,
             {
                 let c = c.clone();
-                move || {
-                    watcher::watcher(Api::<DynamicObject>::all_with(c.clone(), &ar), all.clone())
-                }
+                move |w| watcher::watcher(Api::<DynamicObject>::all_with(c.clone(), &ar), w)
             },
             |d| {
                 typed(d, |d| {
@@ -355,137 +404,148 @@ pub fn start(
                     }))
                 })
             },
-            generation,
-            &tx,
-            &counters,
             Gate::Open,
+            None,
         );
     }
+    tasks.spawn(tracing::Instrument::in_current_span(health::probe(
+        c.clone(),
+        counters.clone(),
+    )));
     Upstream { _tasks: tasks }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn spawn<W, S, F>(
-    tasks: &mut JoinSet<()>,
-    kind: Kind,
-    make: F,
-    admit: fn(W) -> Result<Object, Refused>,
+/// What every watcher of one upstream run shares.
+struct Watch<'a> {
     generation: u64,
-    tx: &mpsc::Sender<Message>,
-    counters: &Arc<UpstreamCounters>,
-    gate: Gate,
-) where
-    W: kube::Resource + Send + 'static,
-    S: Stream<Item = watcher::Result<Event<W>>> + Send + 'static,
-    F: Fn() -> S + Send + 'static,
-{
-    let tx = tx.clone();
-    let counters = counters.clone();
-    let index = kind_index(kind);
-    // In the link's span (the caller's), so every line a watcher logs names its link.
-    let span = tracing::Span::current();
-    tasks.spawn(tracing::Instrument::instrument(async move {
-        if let Gate::After(g) = &gate {
-            // Closed only when the upstream is dropped, and then this task is aborted too.
-            if let Ok(p) = g.acquire_many(ENDPOINT_KINDS).await {
-                p.forget();
-            }
-        }
-        let mut opened = false;
-        let mut relist_in = FORCED_RELIST_BACKOFF.0;
-        let mut stream = Box::pin(make().default_backoff());
-        while let Some(item) = stream.next().await {
-            let change = match item {
-                Ok(Event::Init) => {
-                    counters.relists.fetch_add(1, Ordering::Relaxed);
-                    Change::InitStart(kind)
-                }
-                // managedFields and the upstream resourceVersion are dropped by the engine on arrival.
-                Ok(Event::InitApply(w) | Event::Apply(w)) => match admit(w) {
-                    Ok(o) => Change::Apply(o),
-                    Err(why) => {
-                        refuse(kind, why, &counters);
-                        continue;
-                    }
-                },
-                Ok(Event::InitDone) => {
-                    relist_in = FORCED_RELIST_BACKOFF.0;
-                    if let (Gate::Opens(g), false) = (&gate, opened) {
-                        opened = true;
-                        g.add_permits(1);
-                    }
-                    Change::InitDone(kind)
-                }
-                Ok(Event::Delete(o)) => {
-                    let meta = o.meta();
-                    Change::Delete(ObjKey { kind, id: NsName::of(meta) })
-                }
-                Err(e) => {
-                    counters.errors.fetch_add(1, Ordering::Relaxed);
-                    if is_decode_error(&e) {
-                        counters.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if needs_relist(&e) {
-                        counters.forced_relists.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(kind = kind.name(), error = %e, relist_in = ?relist_in, "upstream watch cannot resume; relisting");
-                        tokio::time::sleep(relist_in).await;
-                        relist_in = (relist_in * 2).min(FORCED_RELIST_BACKOFF.1);
-                        stream = Box::pin(make().default_backoff());
-                    } else {
-                        tracing::warn!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
-                    }
-                    continue;
-                }
-            };
-            if let (Change::Apply(_) | Change::Delete(_), Some(i)) = (&change, index) {
-                counters.events[i].fetch_add(1, Ordering::Relaxed);
-            }
-            if tx.send(Message { generation, change }).await.is_err() {
-                return; // The link is gone.
-            }
-        }
-    }, span));
+    tx: &'a mpsc::Sender<Message>,
+    counters: &'a Arc<UpstreamCounters>,
 }
 
-/// Pod GETs in flight at once for one link: enough to fill a start-up's gaps in a few round
-/// trips, few enough that the remote never sees a burst from us.
-const FETCH_CONCURRENCY: usize = 8;
-
-/// Fetches pods the engine asked for ([`crate::churn::Effect::FetchPods`]) and sends each one
-/// found as [`Change::Fetched`]. A pod that is gone is skipped: its absence is the answer.
-pub async fn fetch_pods(
-    client: Client,
-    pods: Vec<NsName>,
-    generation: u64,
-    tx: mpsc::Sender<Message>,
-    counters: Arc<UpstreamCounters>,
-) {
-    let mut results = futures_util::stream::iter(pods)
-        .map(|id| {
-            let api = Api::<Wire<Pod>>::namespaced(client.clone(), &id.namespace);
-            async move { (api.get_opt(&id.name).await, id) }
-        })
-        .buffer_unordered(FETCH_CONCURRENCY);
-    while let Some((result, id)) = results.next().await {
-        let change = match result {
-            // Admitted as the pod watcher admits pods.
-            Ok(Some(w)) => match wired(w, |p| Object::Pod(Arc::new(p))) {
-                Ok(pod) => Change::Fetched(pod),
-                Err(why) => {
-                    refuse(Kind::Pod, why, &counters);
-                    continue;
+impl Watch<'_> {
+    /// Spawns the watcher of `kind`: `make` builds its stream from a configuration (`base` with
+    /// the list strategy in force), `admit` turns its objects into the engine's, `gate` orders
+    /// its start, and `wanted` (pods) says which objects are worth decoding.
+    #[allow(clippy::too_many_arguments)]
+    fn spawn<W, S, F>(
+        &self,
+        tasks: &mut JoinSet<()>,
+        kind: Kind,
+        base: watcher::Config,
+        make: F,
+        admit: fn(W) -> Result<Object, Refused>,
+        gate: Gate,
+        wanted: Option<WantedPods>,
+    ) where
+        W: kube::Resource + Send + 'static,
+        S: Stream<Item = watcher::Result<Event<W>>> + Send + 'static,
+        F: Fn(watcher::Config) -> S + Send + Sync + 'static,
+    {
+        let (generation, tx, counters) = (self.generation, self.tx.clone(), self.counters.clone());
+        let index = kind_index(kind);
+        // In the link's span (the caller's), so every line a watcher logs names its link.
+        let span = tracing::Span::current();
+        tasks.spawn(tracing::Instrument::instrument(async move {
+            if let Gate::After(g) = &gate {
+                // Closed only when the upstream is dropped, and then this task is aborted too.
+                if let Ok(p) = g.acquire_many(ENDPOINT_KINDS).await {
+                    p.forget();
                 }
-            },
-            Ok(None) => continue,
-            Err(e) => {
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(pod = %id, error = %e, "fetching a pod failed; it is served from its next event");
-                continue;
             }
-        };
-        if tx.send(Message { generation, change }).await.is_err() {
-            return;
-        }
+            let mut strategy = ListStrategy::Streaming;
+            let set_strategy = |s: ListStrategy| {
+                if let Some(i) = index {
+                    s.store(&counters.list_strategy[i]);
+                }
+                tracing::info!(kind = kind.name(), strategy = s.name(), "upstream list strategy");
+            };
+            set_strategy(strategy);
+            let start = |s: ListStrategy| {
+                let cfg = match s {
+                    // Pages from the current state: a remote reads those from etcd in
+                    // pages, where a `resourceVersion=0` list comes whole from its cache.
+                    ListStrategy::Paged => base.clone().list_semantic(ListSemantic::MostRecent),
+                    _ => base.clone(),
+                };
+                Box::pin(make(s.config(cfg)).backoff(watch_backoff()))
+            };
+            let mut stream = start(strategy);
+            let mut listed_once = false;
+            let mut opened = false;
+            let mut relist_in = FORCED_RELIST_BACKOFF.0;
+            while let Some(item) = stream.next().await {
+                let change = match item {
+                    Ok(Event::Init) => {
+                        counters.relists.fetch_add(1, Ordering::Relaxed);
+                        Change::InitStart(kind)
+                    }
+                    // managedFields and the upstream resourceVersion are dropped by the engine.
+                    Ok(Event::InitApply(w) | Event::Apply(w)) => {
+                        if let Some(wanted) = &wanted {
+                            let m = w.meta();
+                            let (ns, name) = (m.namespace.as_deref(), m.name.as_deref());
+                            if !wanted.contains(ns.unwrap_or_default(), name.unwrap_or_default()) {
+                                counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        }
+                        match admit(w) {
+                            Ok(o) => Change::Apply(o),
+                            Err(why) => {
+                                refuse(kind, why, &counters);
+                                continue;
+                            }
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        relist_in = FORCED_RELIST_BACKOFF.0;
+                        listed_once = true;
+                        if let (Gate::Opens(g), false) = (&gate, opened) {
+                            opened = true;
+                            g.add_permits(1);
+                        }
+                        Change::InitDone(kind)
+                    }
+                    Ok(Event::Delete(o)) => {
+                        let meta = o.meta();
+                        Change::Delete(ObjKey { kind, id: NsName::of(meta) })
+                    }
+                    Err(e) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        if strategy == ListStrategy::Streaming && !listed_once && refuses_streaming(&e) {
+                            tracing::info!(kind = kind.name(), error = %e, "the remote refuses streaming lists; listing in pages");
+                            strategy = ListStrategy::Paged;
+                            set_strategy(strategy);
+                            stream = start(strategy);
+                            continue;
+                        }
+                        let decode = is_decode_error(&e);
+                        if decode {
+                            counters.decode_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if needs_relist(&e) {
+                            counters.forced_relists.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(kind = kind.name(), error = %e, relist_in = ?relist_in, "upstream watch cannot resume; relisting");
+                            tokio::time::sleep(relist_in).await;
+                            relist_in = (relist_in * 2).min(FORCED_RELIST_BACKOFF.1);
+                            stream = start(strategy);
+                        } else {
+                            if !decode {
+                                counters.health.failed(format_args!("watching {}: {e}", kind.name()));
+                            }
+                            tracing::warn!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
+                        }
+                        continue;
+                    }
+                };
+                if let (Change::Apply(_) | Change::Delete(_), Some(i)) = (&change, index) {
+                    counters.events[i].fetch_add(1, Ordering::Relaxed);
+                }
+                if tx.send(Message { generation, change }).await.is_err() {
+                    return; // The link is gone.
+                }
+            }
+        }, span));
     }
 }
 

@@ -6,6 +6,10 @@
 //! seconds), `flood` (calm, plus an exported Deployment of `--pods` crash-looping pods) or
 //! `flood-hidden` (the same flood behind a service that is not exported).
 //!
+//! `--refuse-streaming-lists` makes it refuse `sendInitialEvents` watches with 422, as an API
+//! server with the `WatchList` feature off does; `--ignore-limit` makes it serve every list
+//! whole, as a real API server serves lists from its watch cache.
+//!
 //! With `--local-cluster FILE` it also plays the local cluster of `floodgate controller`
 //! (Links, Secrets, Leases, Events: [`floodgate_e2e::local`]) on a second loopback port, plain
 //! HTTP, and writes a kubeconfig for it (namespace `floodgate`) to FILE.
@@ -47,6 +51,14 @@ struct Args {
     /// Serve plain HTTP instead of TLS (client-go then sends no token: only for curl and kube-rs).
     #[arg(long)]
     insecure_http: bool,
+    /// Refuse streaming lists (`sendInitialEvents`) with 422, as an API server with the
+    /// `WatchList` feature off does: clients fall back to lists.
+    #[arg(long)]
+    refuse_streaming_lists: bool,
+    /// Ignore `limit`: every list is one body, as a real API server serves lists from its
+    /// watch cache.
+    #[arg(long)]
+    ignore_limit: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -63,6 +75,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let listener = TcpListener::bind(&args.listen).await?;
     let store = Arc::new(SimStore::new(std::process::id(), 50_000));
+    store.set_refuse_streaming_lists(args.refuse_streaming_lists);
+    store.set_ignore_limit(args.ignore_limit);
     let addr = listener.local_addr()?;
     // The server shares the store with the scenario driver.
     let api = Arc::new(floodgate::kubeapi::Api::new(

@@ -21,6 +21,7 @@ use super::store::Store;
 use crate::model::{
     self, Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
 };
+use crate::upstream::wanted::WantedPods;
 use crate::view::{Change as ViewChange, View};
 
 /// Pod fetches outstanding at most. A fetch is asked only for a pod a *kept* endpoint points
@@ -78,6 +79,8 @@ pub struct Publisher {
     /// The publication count at which a full `fetching` may be scanned again.
     fetch_prune_at: u64,
     counters: PublishCounters,
+    /// `wanted`'s keys, shared with the upstream pod watcher so it skips decoding the rest.
+    mirror: Option<WantedPods>,
 }
 
 /// What a service's publication holds.
@@ -113,7 +116,14 @@ impl Publisher {
             fetching: HashSet::new(),
             fetch_prune_at: 0,
             counters: PublishCounters::default(),
+            mirror: None,
         }
+    }
+
+    /// Shares the wanted pods with the upstream pod watcher from now on.
+    pub fn mirror_wanted(&mut self, mirror: WantedPods) {
+        mirror.replace(self.wanted.keys().cloned().collect());
+        self.mirror = Some(mirror);
     }
 
     /// The view.
@@ -307,14 +317,21 @@ impl Publisher {
                 if by.is_empty() {
                     self.wanted.remove(gone);
                     store.drop_pod(gone);
+                    if let Some(m) = &self.mirror {
+                        m.remove(gone);
+                    }
                 }
             }
         }
         for new in pods.difference(&st.pods) {
-            self.wanted
-                .entry(new.clone())
-                .or_default()
-                .push(svc.clone());
+            let by = self.wanted.entry(new.clone()).or_default();
+            if by.is_empty()
+                && let Some(m) = &self.mirror
+            {
+                // Before any fetch of it is asked: a skipped event is covered by the fetch.
+                m.insert(new.clone());
+            }
+            by.push(svc.clone());
         }
         st.pods = pods;
     }

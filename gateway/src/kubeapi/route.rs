@@ -175,7 +175,16 @@ async fn dispatch<S: ApiStore>(
                 return Ok(json(v, code));
             }
             wait_ready(store, api.limits.cold_wait).await?;
-            let q = Query::parse(raw_query)?;
+            let mut q = Query::parse(raw_query)?;
+            if !store.honours_limit() {
+                q.limit = None;
+            }
+            if q.watch && q.send_initial_events.is_some() && !store.serves_streaming_lists() {
+                // The API server's words when its WatchList feature is off.
+                return Err(StatusError::invalid(
+                    "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                ));
+            }
             let render = negotiate(headers)?;
             if q.watch {
                 let Ok(slot) = api.watch_slots.clone().try_acquire_owned() else {

@@ -23,8 +23,10 @@ use crate::churn::{Effect, Engine};
 use crate::model::Kind;
 use crate::persist::LinkDir;
 use crate::persist::contained::ContainedSnapshot;
+use crate::upstream::wanted::WantedPods;
 use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
 use crate::view::View;
+use backon::BackoffBuilder as _;
 
 /// Where a link's state goes.
 pub(super) struct Outputs {
@@ -86,6 +88,11 @@ pub(super) async fn run(
     let persist = dir.map(|d| spawn_persister(d, view));
 
     let counters = Arc::new(UpstreamCounters::default());
+    // Wakes the loop to publish the link's state when the remote stops or starts answering.
+    let mut unreachable = counters.health.subscribe();
+    // The pods the engine wants: the pod watcher decodes only those.
+    let wanted = WantedPods::everything();
+    engine.mirror_wanted(wanted.clone());
     let (tx, mut rx) = mpsc::channel::<Message>(UPSTREAM_QUEUE);
     let mut remote: Option<Remote> = None;
     let mut connecting = std::pin::pin!(connect_with_backoff(
@@ -142,7 +149,7 @@ pub(super) async fn run(
                 tracing::info!(servers = r.has_servers, "connected to the remote");
                 engine.set_kinds(&r.kinds());
                 if !matches!(engine.state(), State::Quarantined(_)) {
-                    upstream = Some(upstream::start(&r, generation, tx.clone(), counters.clone()));
+                    upstream = Some(upstream::start(&r, generation, tx.clone(), counters.clone(), wanted.clone()));
                 }
                 remote = Some(r);
             }
@@ -161,6 +168,7 @@ pub(super) async fn run(
             }
             () = sleep_until(next_wake.unwrap_or(far)) => {}
             Some(_) = fetches.join_next(), if !fetches.is_empty() => {}
+            Ok(()) = unreachable.changed() => {}
         }
         let now = Instant::now();
         next_wake = engine.poll(now);
@@ -174,8 +182,13 @@ pub(super) async fn run(
                 Effect::StartUpstream => {
                     generation += 1;
                     if let Some(r) = &remote {
-                        upstream =
-                            Some(upstream::start(r, generation, tx.clone(), counters.clone()));
+                        upstream = Some(upstream::start(
+                            r,
+                            generation,
+                            tx.clone(),
+                            counters.clone(),
+                            wanted.clone(),
+                        ));
                         tracing::info!(generation, "upstream restarted");
                     }
                 }
@@ -234,7 +247,7 @@ async fn connect_with_backoff(
     selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
     out: &Outputs,
 ) -> Remote {
-    let mut backoff = CONNECT_BACKOFF.0;
+    let mut backoffs = CONNECT_BACKOFF.build();
     loop {
         let attempt = async {
             let client = connect().await?;
@@ -249,7 +262,7 @@ async fn connect_with_backoff(
                 return remote;
             }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "cannot reach the remote");
+                tracing::warn!(error = %e, "cannot reach the remote");
                 let message = format!("cannot reach the remote: {e}");
                 out.state.send_modify(|s| {
                     if s.phase != Phase::Quarantined {
@@ -259,13 +272,14 @@ async fn connect_with_backoff(
                 });
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
+        // Without a limit on attempts, the builder never runs out.
+        tokio::time::sleep(backoffs.next().unwrap_or(Duration::from_secs(3))).await;
     }
 }
 
 /// Publishes the link's state. Until the remote answers, the link is Degraded (unless it is
-/// quarantined) and keeps the message the connect loop wrote.
+/// quarantined) and keeps the message the connect loop wrote; once connected, it is Degraded
+/// while its watchers cannot reach the remote (the view is served all the same).
 fn publish_state(
     engine: &Engine,
     counters: &UpstreamCounters,
@@ -277,6 +291,10 @@ fn publish_state(
     state.connected = connected;
     state.quarantine_transitions = transitions;
     let quarantined = state.phase == Phase::Quarantined;
+    if let (Some(u), true, false) = (counters.health.unreachable(), connected, quarantined) {
+        state.phase = Phase::Degraded;
+        state.message = u.to_string();
+    }
     out.state.send_if_modified(|s| {
         if !connected && !quarantined {
             state.phase = Phase::Degraded;
@@ -285,6 +303,7 @@ fn publish_state(
         let changed = s.phase != state.phase
             || s.synced != state.synced
             || s.counters != state.counters
+            || s.upstream_list_strategies != state.upstream_list_strategies
             || s.message != state.message
             || s.connected != state.connected
             || s.pending != state.pending

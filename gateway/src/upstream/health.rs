@@ -1,0 +1,147 @@
+//! Whether the remote answers: the link's watchers report their failures here, and a probe
+//! clears the mark once the remote answers again, so the link can say `Degraded` (with a
+//! reason and since when) within seconds of the remote going away, while it keeps serving its
+//! view, and `Healthy` again once the remote is back.
+//!
+//! A watcher cannot say by itself that the remote is back: a resumed watch on a quiet remote
+//! yields nothing until something changes. So while the remote is marked unreachable,
+//! [`probe`] asks it for `/version` every [`PROBE_EVERY`], and clears the mark once it answers
+//! and no watcher has failed for [`QUIET`] (a watcher that keeps failing, say on a resource
+//! the credentials may not read, keeps the link Degraded instead of flapping).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How often an unreachable remote is asked whether it is back.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long no watcher may have failed before the remote counts as back: longer than the
+/// watchers' longest backoff ([`super::WATCH_BACKOFF`]), so a watcher that keeps failing fails
+/// again within it.
+pub const QUIET: Duration = Duration::from_secs(7);
+
+/// Why and since when the remote does not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreachable {
+    /// When the first failure of this outage happened (wall clock, for people).
+    pub since: jiff::Timestamp,
+    /// The first failure of this outage.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the remote is unreachable since {}: {}",
+            self.since.round(jiff::Unit::Second).unwrap_or(self.since),
+            self.reason
+        )
+    }
+}
+
+/// The remote's health as the watchers see it.
+#[derive(Debug)]
+pub struct Health {
+    state: watch::Sender<Option<Unreachable>>,
+    last_failure: Mutex<Option<Instant>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            state: watch::channel(None).0,
+            last_failure: Mutex::new(None),
+        }
+    }
+}
+
+impl Health {
+    /// A watcher failed to reach or read the remote.
+    pub fn failed(&self, reason: impl std::fmt::Display) {
+        *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.state.send_if_modified(|s| {
+            if s.is_some() {
+                return false;
+            }
+            tracing::warn!(%reason, "the remote is unreachable; the link keeps serving its view");
+            *s = Some(Unreachable {
+                since: jiff::Timestamp::now(),
+                reason: reason.to_string(),
+            });
+            true
+        });
+    }
+
+    /// Why the remote is unreachable, if it is.
+    pub fn unreachable(&self) -> Option<Unreachable> {
+        self.state.borrow().clone()
+    }
+
+    /// Changes of [`Health::unreachable`].
+    pub fn subscribe(&self) -> watch::Receiver<Option<Unreachable>> {
+        self.state.subscribe()
+    }
+
+    /// Clears the mark if no watcher failed for [`QUIET`]; true if it is clear.
+    fn clear_if_quiet(&self) -> bool {
+        let quiet = self
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|t| t.elapsed() >= QUIET);
+        if quiet && self.state.borrow().is_some() {
+            tracing::info!("the remote answers again");
+            self.state.send_replace(None);
+        }
+        quiet
+    }
+}
+
+/// Runs for the life of an upstream: while the remote is marked unreachable, asks it for
+/// `/version` every [`PROBE_EVERY`] and clears the mark once it answers and the watchers are
+/// quiet.
+pub(super) async fn probe(client: Client, health: std::sync::Arc<super::UpstreamCounters>) {
+    let mut changes = health.health.subscribe();
+    loop {
+        if changes.borrow_and_update().is_none() {
+            if changes.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+        let answered = tokio::time::timeout(PROBE_EVERY * 5, client.apiserver_version()).await;
+        if let Ok(Ok(_)) = answered {
+            health.health.clear_if_quiet();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_failure_of_an_outage_is_kept_and_only_quiet_clears_it() {
+        let h = Health::default();
+        assert_eq!(h.unreachable(), None);
+        h.failed("connection refused");
+        let first = h.unreachable().expect("unreachable");
+        h.failed("timed out");
+        assert_eq!(
+            h.unreachable(),
+            Some(first.clone()),
+            "since and reason of the first"
+        );
+        assert!(first.to_string().contains("connection refused"), "{first}");
+        assert!(!h.clear_if_quiet(), "a failure just now");
+        tokio::time::advance(QUIET).await;
+        assert!(h.clear_if_quiet());
+        assert_eq!(h.unreachable(), None);
+    }
+}

@@ -1,0 +1,200 @@
+//! Pods trimmed to the fields their consumers read, at the upstream edge, before the engine
+//! holds them. Pods are the kind a remote has most of, and most of a pod's JSON (volumes,
+//! images, probes, resources, tolerations, affinity, container states, managed fields) is read
+//! by nobody Floodgate serves.
+//!
+//! What is kept, from what Linkerd's destination controller (endpoint translation, workload
+//! and opaque-ports lookups, identity) and the facade's own views read (README, "What
+//! Floodgate keeps of a pod", says the same for operators):
+//! - `metadata`: name, namespace, uid, resourceVersion, creationTimestamp, deletionTimestamp,
+//!   labels, annotations (opaque ports, proxy settings), ownerReferences (the workload);
+//! - `spec`: nodeName, serviceAccountName (the identity), hostNetwork, and of each container
+//!   and init container (a native sidecar proxy is one) its name, ports (named ports, host
+//!   ports) and restartPolicy; the `linkerd-proxy` container keeps its env (its listen ports);
+//! - `status`: phase, conditions (Ready), podIP, podIPs, hostIP, hostIPs, and of each
+//!   container status its name, ready, started and restartCount (kubectl's READY and
+//!   RESTARTS columns; `image` and `imageID`, required by the type, are left empty).
+
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// The proxy container whose environment is kept.
+const PROXY: &str = "linkerd-proxy";
+
+/// `p` with only the fields listed in the module docs.
+pub fn pod(p: Pod) -> Pod {
+    let m = p.metadata;
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            labels: m.labels,
+            annotations: m.annotations,
+            owner_references: m.owner_references,
+            ..ObjectMeta::default()
+        },
+        spec: p.spec.map(|s| PodSpec {
+            node_name: s.node_name,
+            service_account_name: s.service_account_name,
+            host_network: s.host_network,
+            containers: s.containers.into_iter().map(container).collect(),
+            init_containers: s
+                .init_containers
+                .map(|c| c.into_iter().map(container).collect()),
+            ..PodSpec::default()
+        }),
+        status: p.status.map(|s| PodStatus {
+            phase: s.phase,
+            conditions: s.conditions,
+            pod_ip: s.pod_ip,
+            pod_ips: s.pod_ips,
+            host_ip: s.host_ip,
+            host_ips: s.host_ips,
+            container_statuses: s
+                .container_statuses
+                .map(|c| c.into_iter().map(container_status).collect()),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+fn container(c: Container) -> Container {
+    Container {
+        env: if c.name == PROXY { c.env } else { None },
+        name: c.name,
+        ports: c.ports,
+        restart_policy: c.restart_policy,
+        ..Container::default()
+    }
+}
+
+fn container_status(c: ContainerStatus) -> ContainerStatus {
+    ContainerStatus {
+        name: c.name,
+        ready: c.ready,
+        started: c.started,
+        restart_count: c.restart_count,
+        ..ContainerStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Every key path of `v` (array items under `[]`).
+    fn paths(v: &Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    let p = format!("{at}.{k}");
+                    out.insert(p.clone());
+                    paths(v, &p, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| paths(v, &format!("{at}[]"), out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn a_trimmed_pod_keeps_exactly_the_listed_fields() {
+        let full = json!({
+            "metadata": {"name": "web-0", "namespace": "prod", "uid": "u", "resourceVersion": "7",
+                "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "web"}, "annotations": {"config.linkerd.io/opaque-ports": "4000"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "r"}],
+                "finalizers": ["x"], "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1", "serviceAccountName": "web", "hostNetwork": false,
+                "volumes": [{"name": "v"}], "tolerations": [{"key": "k"}],
+                "containers": [
+                    {"name": "app", "image": "web:1", "env": [{"name": "SECRET", "value": "s"}],
+                     "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                     "resources": {"limits": {"cpu": "1"}}},
+                    {"name": "linkerd-proxy", "image": "proxy:1",
+                     "env": [{"name": "LINKERD2_PROXY_INBOUND_LISTEN_ADDR", "value": "0.0.0.0:4143"}]}
+                ]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}],
+                "hostIP": "192.168.0.1", "qosClass": "Burstable", "startTime": "2026-01-01T00:00:00Z",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "app", "ready": true, "restartCount": 2, "image": "web:1",
+                    "imageID": "sha", "state": {"running": {}}}]}
+        });
+        let p: Pod = serde_json::from_value(full).expect("a pod");
+        let trimmed = serde_json::to_value(pod(p)).expect("json");
+        let mut got = std::collections::BTreeSet::new();
+        paths(&trimmed, "", &mut got);
+        let want: std::collections::BTreeSet<String> = [
+            ".apiVersion",
+            ".kind",
+            ".metadata",
+            ".metadata.name",
+            ".metadata.namespace",
+            ".metadata.uid",
+            ".metadata.resourceVersion",
+            ".metadata.creationTimestamp",
+            ".metadata.labels",
+            ".metadata.labels.app",
+            ".metadata.annotations",
+            ".metadata.annotations.config.linkerd.io/opaque-ports",
+            ".metadata.ownerReferences",
+            ".metadata.ownerReferences[].apiVersion",
+            ".metadata.ownerReferences[].kind",
+            ".metadata.ownerReferences[].name",
+            ".metadata.ownerReferences[].uid",
+            ".spec",
+            ".spec.nodeName",
+            ".spec.serviceAccountName",
+            ".spec.hostNetwork",
+            ".spec.containers",
+            ".spec.containers[].name",
+            ".spec.containers[].ports",
+            ".spec.containers[].ports[].name",
+            ".spec.containers[].ports[].containerPort",
+            ".spec.containers[].ports[].protocol",
+            ".spec.containers[].env",
+            ".spec.containers[].env[].name",
+            ".spec.containers[].env[].value",
+            ".status",
+            ".status.phase",
+            ".status.podIP",
+            ".status.podIPs",
+            ".status.podIPs[].ip",
+            ".status.hostIP",
+            ".status.conditions",
+            ".status.conditions[].type",
+            ".status.conditions[].status",
+            ".status.containerStatuses",
+            ".status.containerStatuses[].name",
+            ".status.containerStatuses[].ready",
+            ".status.containerStatuses[].restartCount",
+            ".status.containerStatuses[].image",
+            ".status.containerStatuses[].imageID",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        assert_eq!(
+            got,
+            want,
+            "extra: {:?}, missing: {:?}",
+            got.difference(&want),
+            want.difference(&got)
+        );
+        assert_eq!(
+            trimmed["spec"]["containers"][0].get("env"),
+            None,
+            "only the proxy keeps env"
+        );
+        assert_eq!(
+            trimmed["spec"]["containers"][1]["env"][0]["name"],
+            "LINKERD2_PROXY_INBOUND_LISTEN_ADDR"
+        );
+    }
+}
