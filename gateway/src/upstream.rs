@@ -217,6 +217,12 @@ pub fn needs_relist(e: &watcher::Error) -> bool {
     }
 }
 
+/// True for a watch the remote ended with 410 Gone (its history moved past the resume point):
+/// the remote answered, so it is no sign of an outage, and kube-rs's watcher relists by itself.
+pub fn is_expired(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchError(s) if s.code == 410)
+}
+
 /// How to reach the remote and what to watch.
 #[derive(Clone)]
 pub struct Remote {
@@ -529,6 +535,10 @@ impl Watch<'_> {
                             tokio::time::sleep(relist_in).await;
                             relist_in = (relist_in * 2).min(FORCED_RELIST_BACKOFF.1);
                             stream = start(strategy);
+                        } else if is_expired(&e) {
+                            // The remote answered: kube-rs relists by itself.
+                            counters.forced_relists.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(kind = kind.name(), error = %e, "upstream watch expired; relisting");
                         } else {
                             if !decode {
                                 counters.health.failed(format_args!("watching {}: {e}", kind.name()));

@@ -78,3 +78,22 @@ async fn fetched_pods_are_admitted_as_watched_ones() {
         "a pod that is gone is no error"
     );
 }
+
+/// A watch the remote ends with 410 is the remote answering (the watcher relists by itself);
+/// other watch errors are not that.
+#[test]
+fn an_expired_watch_is_no_outage() {
+    use kube::core::Status;
+    use kube::runtime::watcher::Error;
+    let expired = Status::failure("too old resource version", "Expired").with_code(410);
+    assert!(super::is_expired(&Error::WatchError(expired.boxed())));
+    let forbidden = Status::failure("no", "Forbidden").with_code(403);
+    assert!(!super::is_expired(&Error::WatchError(forbidden.boxed())));
+    let gone = Status::failure("too old", "Expired").with_code(410);
+    let start = Error::WatchStartFailed(kube::Error::Api(gone.boxed()));
+    assert!(
+        !super::is_expired(&start),
+        "a refused resume is relisted by Floodgate (needs_relist)"
+    );
+    assert!(super::needs_relist(&start));
+}
