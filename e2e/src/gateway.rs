@@ -61,6 +61,32 @@ impl Stack {
         self.floodgate.links[0].state.borrow().clone()
     }
 
+    /// Waits (up to `within`) until link `east`'s state satisfies `ok`; returns that state, or
+    /// an error naming `what` with the last state seen.
+    pub async fn wait_link(
+        &self,
+        what: &str,
+        within: Duration,
+        ok: impl Fn(&floodgate::link::LinkState) -> bool,
+    ) -> anyhow::Result<floodgate::link::LinkState> {
+        let mut rx = self.floodgate.links[0].state.clone();
+        let wait = rx.wait_for(|s| ok(s));
+        match tokio::time::timeout(within, wait).await {
+            Ok(Ok(s)) => Ok(s.clone()),
+            Ok(Err(_)) => anyhow::bail!("{what}: the link stopped"),
+            Err(_) => anyhow::bail!("{what}: not within {within:?}; last {:?}", self.link()),
+        }
+    }
+
+    /// Waits until link `east` has published what it holds: the pods its published endpoints
+    /// name are fetched and nothing is pending.
+    pub async fn settled(&self) -> anyhow::Result<floodgate::link::LinkState> {
+        self.wait_link("settled", Duration::from_secs(10), |s| {
+            s.pending == 0 && s.counters.pods_fetched as usize <= pods_held(s)
+        })
+        .await
+    }
+
     /// The gRPC endpoint of Floodgate (`https://127.0.0.1:PORT`; its certificate is valid for
     /// `localhost` and signed by [`Stack::ca_pem`]).
     pub fn grpc_url(&self) -> String {
@@ -86,6 +112,10 @@ impl Stack {
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
     }
+}
+
+fn pods_held(s: &floodgate::link::LinkState) -> usize {
+    s.objects_by_kind.get("Pod").copied().unwrap_or(0)
 }
 
 /// Starts Floodgate with one link, `east`, whose remote is reached with `remote_kubeconfig`

@@ -26,15 +26,28 @@ pub fn free_addr() -> SocketAddr {
 /// Writes `dir/links.yaml`: one link per `(name, kubeconfig path)`, each with the default spec.
 /// Returns the file's path.
 pub fn write_links_file(dir: &Path, links: &[(&str, &Path)]) -> PathBuf {
+    write_links_file_with(dir, links, |_| {})
+}
+
+/// [`write_links_file`], each link's spec changed by `tune` first.
+pub fn write_links_file_with(
+    dir: &Path,
+    links: &[(&str, &Path)],
+    tune: impl Fn(&mut LinkSpec),
+) -> PathBuf {
     let file = LinksFile {
         links: links
             .iter()
-            .map(|(name, kubeconfig)| NamedLink {
-                name: (*name).to_owned(),
-                spec: LinkSpec::with_remote(RemoteSpec {
+            .map(|(name, kubeconfig)| {
+                let mut spec = LinkSpec::with_remote(RemoteSpec {
                     kubeconfig_path: Some(kubeconfig.display().to_string()),
                     ..RemoteSpec::default()
-                }),
+                });
+                tune(&mut spec);
+                NamedLink {
+                    name: (*name).to_owned(),
+                    spec,
+                }
             })
             .collect(),
     };

@@ -59,11 +59,12 @@ async fn served(fg: &Floodgate) -> (usize, Vec<String>) {
     )
 }
 
-/// Pods received from the remote so far (lists included), as the admin API counts them.
+/// Pods received from the remote so far (lists included), as the admin API counts them: those
+/// decoded and applied, and those skipped undecoded because no published endpoint names them.
 fn pods_seen(state: &Value) -> u64 {
-    state["upstreamEventsByResource"]["Pod"]
-        .as_u64()
-        .unwrap_or_default()
+    let applied = state["upstreamEventsByResource"]["Pod"].as_u64();
+    let skipped = state["counters"]["upstreamPodsSkipped"].as_u64();
+    applied.unwrap_or_default() + skipped.unwrap_or_default()
 }
 
 /// The remote goes away, scales `web` to `web_pods` and forgets its history, then comes back:

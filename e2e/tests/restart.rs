@@ -1,6 +1,7 @@
 //! S5: the real `floodgate` binary is killed (SIGKILL) while a link is quarantined. After the
 //! restart the link is still quarantined and serves its last good view, though the remote has
-//! moved on; released over the admin API, it converges to the remote.
+//! moved on; released over the admin API, it converges to the remote. The same for one
+//! contained service, while the link's other services follow the remote.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -11,10 +12,12 @@ use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::client_from;
-use floodgate_e2e::process::{free_addr, run_command, write_links_file};
+use floodgate_e2e::process::{free_addr, run_command, write_links_file_with};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
+use floodgate_link_crd::LinkSpec;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::Value;
@@ -56,14 +59,45 @@ async fn ready(g: &Gateway) -> bool {
     )
 }
 
-/// Service names a consumer of the link lists.
-async fn services(g: &Gateway, state: &Path) -> BTreeSet<String> {
+/// A client of the link's consumers.
+async fn consumer(g: &Gateway, state: &Path) -> kube::Client {
     let token = std::fs::read_to_string(state.join("tokens/east")).expect("the link's token");
     let ca = std::fs::read_to_string(state.join("tls/ca.crt")).expect("the CA");
     let server = format!("https://{}/links/east", g.facade);
     let yaml = floodgate::run::consumer_kubeconfig(&server, token.trim(), Some(&ca), "east");
-    let client = client_from(&yaml).await.expect("a client");
-    let api: Api<Service> = Api::all(client);
+    client_from(&yaml).await.expect("a client")
+}
+
+/// Addresses a consumer of the link is served for a service, sorted.
+async fn addresses(g: &Gateway, state: &Path, service: &str) -> Vec<String> {
+    let api: Api<EndpointSlice> = Api::namespaced(consumer(g, state).await, "prod");
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
+    let mut out: Vec<String> = match api.list(&lp).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .flat_map(|s| s.endpoints.unwrap_or_default())
+            .flat_map(|e| e.addresses)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+/// The services the link shows contained.
+fn contained(v: &Value) -> Vec<String> {
+    v["contained"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["service"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Service names a consumer of the link lists.
+async fn services(g: &Gateway, state: &Path) -> BTreeSet<String> {
+    let api: Api<Service> = Api::all(consumer(g, state).await);
     match api.list(&ListParams::default()).await {
         Ok(list) => list
             .items
@@ -78,11 +112,18 @@ fn names(v: &[&str]) -> BTreeSet<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
-    let store = Arc::new(SimStore::new(75, 1000));
+/// A remote with `services` (exported, two pods each) and a directory holding its kubeconfig,
+/// the admin token and a links file of one link, `east`, its spec changed by `tune`.
+struct Setup {
+    cluster: Cluster,
+    _sim: RunningSim,
+    tmp: tempfile::TempDir,
+}
+
+async fn setup(seed: u32, services: &[&str], tune: impl Fn(&mut LinkSpec)) -> Setup {
+    let store = Arc::new(SimStore::new(seed, 1000));
     let mut cluster = Cluster::new(store.clone(), "prod");
-    for svc in ["web", "api"] {
+    for svc in services {
         cluster.add_service(svc, true);
         cluster.scale(svc, 2, true);
     }
@@ -93,7 +134,22 @@ async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
     let dir = tmp.path();
     std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
     std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token");
-    write_links_file(dir, &[("east", &dir.join("remote.kubeconfig"))]);
+    write_links_file_with(dir, &[("east", &dir.join("remote.kubeconfig"))], tune);
+    Setup {
+        cluster,
+        _sim: sim,
+        tmp,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
+    let Setup {
+        mut cluster,
+        _sim,
+        tmp,
+    } = setup(75, &["web", "api"], |_| {}).await;
+    let dir = tmp.path();
     let state = dir.join("state");
     let (admin_addr, facade) = (free_addr(), free_addr());
 
@@ -150,4 +206,87 @@ async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
         "a released link leaves no quarantine on disk"
     );
     assert_eq!(link(&g).await["phase"], "Healthy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_containment_survives_sigkill_and_its_release_converges() {
+    // More than 8 upstream endpoints contain a service (at most 5 are served).
+    let Setup {
+        mut cluster,
+        _sim,
+        tmp,
+    } = setup(76, &["web", "injector"], |s| {
+        s.caps.max_endpoints_per_service = 5;
+        s.quarantine.when.endpoints_per_service = 8;
+    })
+    .await;
+    let dir = tmp.path();
+    let state = dir.join("state");
+    let (admin_addr, facade) = (free_addr(), free_addr());
+
+    let mut g = start(dir, admin_addr, facade);
+    until(60, "the first run syncs", async || ready(&g).await).await;
+    cluster.scale("injector", 12, true);
+    until(10, "the injector is contained", async || {
+        contained(&link(&g).await) == ["prod/injector"]
+    })
+    .await;
+    let frozen = addresses(&g, &state, "injector").await;
+    assert_eq!(frozen.len(), 2, "served at what it published: {frozen:?}");
+    let file = state.join("links/east/contained.json");
+    until(10, "the containment is on disk", async || file.exists()).await;
+
+    // The remote moves on, then Floodgate dies without a chance to clean up.
+    cluster.scale("injector", 20, true);
+    cluster.scale("web", 3, true);
+    let web_now = 3;
+    g.child.kill().await.expect("SIGKILL");
+
+    let g = start(dir, admin_addr, facade);
+    until(30, "the restarted link serves", async || ready(&g).await).await;
+    let v = link(&g).await;
+    assert_eq!(contained(&v), ["prod/injector"], "{v}");
+    assert_eq!(v["contained"][0]["reason"], "EndpointsPerService", "{v}");
+    assert_ne!(v["phase"], "Quarantined", "{v}");
+    assert_eq!(
+        addresses(&g, &state, "injector").await,
+        frozen,
+        "the contained service is served as it was before the kill"
+    );
+    until(30, "the calm service follows the remote", async || {
+        addresses(&g, &state, "web").await.len() == web_now
+    })
+    .await;
+
+    // The flood ends; an operator releases the service and it converges.
+    cluster.scale("injector", 4, true);
+    let (code, v) = admin::call(
+        g.admin,
+        "POST",
+        "/links/east/services/prod/injector/release",
+        Some(ADMIN_TOKEN),
+        r#"{"message": "rollout fixed"}"#,
+    )
+    .await
+    .expect("POST");
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["service"], "prod/injector", "{v}");
+    until(
+        30,
+        "the released service converges to the remote",
+        async || addresses(&g, &state, "injector").await.len() == 4,
+    )
+    .await;
+    let v = link(&g).await;
+    assert!(contained(&v).is_empty(), "{v}");
+    let (code, v) = admin::call(
+        g.admin,
+        "POST",
+        "/links/east/services/prod/injector/release",
+        Some(ADMIN_TOKEN),
+        "",
+    )
+    .await
+    .expect("POST");
+    assert_eq!(code, 409, "released already: {v}");
 }

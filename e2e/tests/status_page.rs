@@ -1,6 +1,7 @@
 //! The status page in a real browser: headless Chromium driven over WebDriver (chromedriver,
 //! started by the test on a free loopback port) loads `GET /`, sees a quarantined link, clicks
-//! its Release button, answers the token prompt, and sees the link Healthy.
+//! its Release button, answers the token prompt, and sees the link Healthy; then sees a
+//! contained service under the link and releases it the same way.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Without them the
 //! test fails and says how to install them: a browser test that skips proves nothing.
@@ -79,7 +80,7 @@ async fn wait_text(c: &fantoccini::Client, css: &str, want: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_status_page_releases_a_quarantined_link_in_chromium() {
+async fn the_status_page_releases_a_quarantined_link_and_a_contained_service_in_chromium() {
     let browser = on_path(&["chromium", "chromium-browser", "google-chrome"])
         .unwrap_or_else(|| panic!("no Chromium on PATH: {INSTALL}"));
     let driver =
@@ -89,9 +90,11 @@ async fn the_status_page_releases_a_quarantined_link_in_chromium() {
     let mut cluster = Cluster::new(store.clone(), "prod");
     cluster.add_service("web", true);
     cluster.scale("web", 3, true);
-    let stack = Stack::start(store, Stack::default_spec())
-        .await
-        .expect("stack");
+    let mut spec = Stack::default_spec();
+    // More than 8 upstream endpoints contain a service (at most 5 are served).
+    spec.caps.max_endpoints_per_service = 5;
+    spec.quarantine.when.endpoints_per_service = 8;
+    let stack = Stack::start(store, spec).await.expect("stack");
     let (code, v) = admin::call(
         stack.admin_addr(),
         "POST",
@@ -143,28 +146,13 @@ async fn the_status_page_releases_a_quarantined_link_in_chromium() {
         .expect("sparklines");
     assert_eq!(lines.len(), 2, "upstream and downstream sparklines");
 
-    // The table is redrawn every second: find the button again if it went stale.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let clicked = match c.find(Locator::Css(&format!("{row} button.release"))).await {
-            Ok(b) => b.click().await.is_ok(),
-            Err(_) => false,
-        };
-        if clicked {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Release button can be clicked"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let prompt = c.get_alert_text().await.expect("the token prompt opens");
-    assert!(prompt.contains("token"), "{prompt}");
-    c.send_alert_text(&stack.admin_token)
-        .await
-        .expect("type the token");
-    c.accept_alert().await.expect("accept the prompt");
+    click_release(
+        &c,
+        &format!("{row} button.release"),
+        &stack.admin_token,
+        "link east",
+    )
+    .await;
 
     wait_text(&c, &format!("{row} .phase"), "Healthy").await;
     assert_eq!(stack.link().phase, Phase::Healthy);
@@ -174,5 +162,64 @@ async fn the_status_page_releases_a_quarantined_link_in_chromium() {
             .is_err(),
         "no Release button on a healthy link"
     );
+
+    // A service grows past the threshold: contained, it shows under its link.
+    cluster.add_service("injector", true);
+    cluster.scale("injector", 12, true);
+    let contained = r#"tr.contained[data-service="prod/injector"]"#;
+    wait_text(&c, &format!("{contained} .phase"), "Contained").await;
+    let text = text_of(&c, contained).await.unwrap_or_default();
+    assert!(text.contains("EndpointsPerService"), "{text}");
+    // Its rollout is fixed; an operator releases it from the page.
+    cluster.scale("injector", 4, true);
+    click_release(
+        &c,
+        &format!("{contained} button.release"),
+        &stack.admin_token,
+        "service prod/injector",
+    )
+    .await;
+    stack
+        .wait_link("the service released", Duration::from_secs(20), |s| {
+            s.contained.is_empty()
+        })
+        .await
+        .expect("released");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while c.find(Locator::Css(contained)).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the contained row goes within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stack.link().phase, Phase::Healthy);
     c.close().await.expect("close the session");
+}
+
+/// Clicks the Release button `css` (the table is redrawn every second: it is found again when
+/// it went stale), checks the prompt names `what`, and answers it with `token`.
+async fn click_release(c: &fantoccini::Client, css: &str, token: &str, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let clicked = match c.find(Locator::Css(css)).await {
+            Ok(b) => b.click().await.is_ok(),
+            Err(_) => false,
+        };
+        if clicked {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Release button {css} can be clicked"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let prompt = c.get_alert_text().await.expect("the token prompt opens");
+    assert!(
+        prompt.contains("token") && prompt.contains(what),
+        "{prompt}"
+    );
+    c.send_alert_text(token).await.expect("type the token");
+    c.accept_alert().await.expect("accept the prompt");
 }

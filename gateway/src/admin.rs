@@ -3,19 +3,22 @@
 //! ```text
 //! GET  /                          the status page (one self-contained HTML file)
 //! GET  /links                     every link: phase, quarantine, counters
-//! GET  /links/{name}              one link
+//! GET  /links/{name}              one link, with its contained services
 //! POST /links/{name}/release      release a quarantined link          (bearer token)
 //! POST /links/{name}/quarantine   quarantine a link, {"message": ".."} (bearer token)
+//! POST /links/{name}/services/{namespace}/{service}/release
+//!                                 release a contained service         (bearer token)
 //! GET  /config                    the effective configuration, secrets redacted
 //! GET  /metrics                   Prometheus text (see [`crate::metrics`])
 //! GET  /livez, /readyz            health (see [`crate::server::health_router`])
 //! ```
 //!
 //! Reads are open (the admin port is meant for the cluster's network, like a metrics port);
-//! the two mutating routes need the bearer token read from `--admin-token-file`, compared in
+//! the mutating routes need the bearer token read from `--admin-token-file`, compared in
 //! constant time. Without a token file they are refused with 403. Every error is a JSON body
 //! `{"error": ".."}` with its status code. Links answer through their [`LinkHandle`]s: a
-//! transition that makes no sense in the link's state is a 409.
+//! transition that makes no sense in the link's state is a 409, a service the link does not
+//! select a 404.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,10 +37,11 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::churn::quarantine::Transition;
+use crate::churn::quarantine::{RequestError, Transition};
 use crate::kubeapi::bearer;
 use crate::link::LinkError;
 use crate::metrics::Metrics;
+use crate::model::NsName;
 use crate::registry::{Entry, Registry};
 
 pub mod config;
@@ -123,6 +127,15 @@ pub enum AdminError {
 }
 
 impl AdminError {
+    /// The same refusal, its message saying what it is about (`service prod/web: ..`).
+    fn about(self, what: &str) -> Self {
+        match self {
+            AdminError::NotFound(m) => AdminError::NotFound(format!("{what}: {m}")),
+            AdminError::Conflict(m) => AdminError::Conflict(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+
     fn status(&self) -> StatusCode {
         match self {
             AdminError::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -153,6 +166,9 @@ impl IntoResponse for AdminError {
 impl From<LinkError> for AdminError {
     fn from(e: LinkError) -> Self {
         match e {
+            LinkError::Refused(r @ RequestError::UnknownService) => {
+                AdminError::NotFound(r.to_string())
+            }
             LinkError::Refused(r) => AdminError::Conflict(r.to_string()),
             LinkError::Stopped => AdminError::Unavailable(e.to_string()),
         }
@@ -198,6 +214,10 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/links/{name}", get(get_link))
         .route("/links/{name}/release", post(release))
         .route("/links/{name}/quarantine", post(quarantine))
+        .route(
+            "/links/{name}/services/{namespace}/{service}/release",
+            post(release_service),
+        )
         .route("/config", get(get_config))
         .route("/metrics", get(get_metrics))
         .with_state(state)
@@ -258,7 +278,7 @@ fn parse_body(body: &Bytes) -> Result<Request, AdminError> {
     })
 }
 
-/// What both mutating routes check first, in this order: the token (401/403), the link (404),
+/// What every mutating route checks first, in this order: the token (401/403), the link (404),
 /// the body (400).
 fn operator_request(
     s: &AdminState,
@@ -284,6 +304,27 @@ async fn release(
     .await?;
     tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
     Ok(Json(json!({ "link": name, "transition": t })))
+}
+
+async fn release_service(
+    State(s): State<Arc<AdminState>>,
+    UrlPath((name, namespace, service)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let (link, req) = operator_request(&s, &name, &headers, &body)?;
+    let svc = NsName::new(&namespace, &service);
+    let t = answer(
+        &name,
+        link.handle
+            .release_service(svc.clone(), "an operator through the admin API"),
+    )
+    .await
+    .map_err(|e| e.about(&format!("service {svc}")))?;
+    tracing::warn!(link = %name, service = %svc, message = req.message.as_deref().unwrap_or(""), "service released by an operator");
+    Ok(Json(
+        json!({ "link": name, "service": svc, "transition": t }),
+    ))
 }
 
 async fn quarantine(

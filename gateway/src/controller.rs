@@ -91,6 +91,8 @@ struct Running {
     /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
     /// passes each change to the link, in order.
     deciding: watch::Sender<bool>,
+    /// The link's service containment transitions not yet recorded as Events.
+    transitions: tokio::sync::broadcast::Receiver<crate::churn::quarantine::Transition>,
 }
 
 impl std::fmt::Debug for Running {
@@ -313,6 +315,7 @@ pub async fn serve(
             if let (Some(r), Some(state)) = (run, &state) {
                 decide_if_held(&name, r, holder);
                 follow_quarantine(&link, r, state, holder);
+                record_containment(&recorder, &link, r, holder);
             }
             // A full queue skips this tick: the next carries the latest state.
             let _ = status_tx.try_send(writer::StatusUpdate {
@@ -335,6 +338,22 @@ fn decide_if_held(name: &str, r: &Running, holder: bool) {
         .send_if_modified(|d| std::mem::replace(d, holder) != holder)
     {
         tracing::info!(link = %name, deciding = holder, "this replica's hold on the Lease changed");
+    }
+}
+
+/// Records the link's service containment transitions as Events on the Link; only the holder
+/// records them (the others' engines do not decide, so they have none to record).
+fn record_containment(recorder: &Recorder, link: &Link, r: &mut Running, holder: bool) {
+    use tokio::sync::broadcast::error::TryRecvError;
+    loop {
+        match r.transitions.try_recv() {
+            Ok(t) if holder => writer::record_service_event(recorder, link, &t),
+            Ok(_) => {}
+            Err(TryRecvError::Lagged(n)) => {
+                tracing::warn!(link = %link.name_any(), missed = n, "service containment Events were dropped; the status still counts them");
+            }
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return,
+        }
     }
 }
 
@@ -492,6 +511,7 @@ fn start(
     // next status tick), so no replica acts on a flood before it knows it holds the Lease.
     let (deciding, deciding_rx) = watch::channel(false);
     tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
+    let transitions = handle.transitions();
     facade.insert(handle.clone(), &d.token);
     tracing::info!(link = %d.name, generation = ?link.meta().generation, "link started");
     running.insert(
@@ -502,6 +522,7 @@ fn start(
             stop: stop_tx,
             followed: None,
             deciding,
+            transitions,
         },
     );
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use floodgate_link_crd::{LinkSpec, Phase};
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -83,12 +83,17 @@ pub struct LinkState {
     pub objects_by_kind: BTreeMap<&'static str, usize>,
     /// Quarantine state changes so far.
     pub quarantine_transitions: u64,
+    /// Service containment transitions since the link started, by cause (`ServiceEventRate`,
+    /// `Released`, `RecheckPassed`..).
+    pub containment_transitions: BTreeMap<&'static str, u64>,
     /// Upstream watch errors that were undecodable JSON.
     pub upstream_decode_errors: u64,
     /// Relists Floodgate forced: a watch that could not resume or lost a frame.
     pub upstream_forced_relists: u64,
     /// Upstream objects refused for being over the size limit.
     pub upstream_oversized: u64,
+    /// Upstream pod events not decoded because no published endpoint names the pod.
+    pub upstream_pods_skipped: u64,
     /// Objects applied or deleted upstream, per resource kind (initial lists included).
     pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
     /// How each upstream watcher takes its lists (`streaming` or `paged`), per resource kind.
@@ -165,11 +170,17 @@ pub struct LinkHandle {
     pub version: watch::Receiver<Option<Value>>,
     /// Whether the remote serves Linkerd's Servers, once known.
     pub has_servers: watch::Receiver<bool>,
+    transitions: broadcast::Sender<Transition>,
     commands: mpsc::Sender<Command>,
     task: JoinHandle<()>,
 }
 
 impl LinkHandle {
+    /// Every service containment transition from now on, as it happens.
+    pub fn transitions(&self) -> broadcast::Receiver<Transition> {
+        self.transitions.subscribe()
+    }
+
     /// Asks the link to release its quarantine; `by` says who asks ("an operator through the
     /// admin API"), for logs, Events and status.
     pub async fn release(&self, by: &str) -> Result<Transition, LinkError> {
@@ -270,8 +281,11 @@ pub fn spawn(
     let (servers_tx, has_servers) = watch::channel(false);
     // Operators' requests are rare; 16 is plenty, and a full queue makes the caller wait.
     let (commands_tx, commands) = mpsc::channel(16);
+    // Transitions are rare; a receiver that falls 64 behind misses some (it is told so).
+    let (transitions, _) = broadcast::channel(64);
     let out = task::Outputs {
         state: state_tx,
+        transitions: transitions.clone(),
         version: version_tx,
         has_servers: servers_tx,
     };
@@ -285,6 +299,7 @@ pub fn spawn(
         state,
         version,
         has_servers,
+        transitions,
         commands: commands_tx,
         task,
     }
@@ -333,9 +348,11 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
             .map(|(k, n)| (k.name(), n))
             .collect(),
         quarantine_transitions: 0,
+        containment_transitions: BTreeMap::new(),
         upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
         upstream_forced_relists: counters.forced_relists.load(Ordering::Relaxed),
         upstream_oversized: counters.oversized.load(Ordering::Relaxed),
+        upstream_pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
         upstream_events_by_kind: crate::model::Kind::ALL
             .iter()
             .map(|k| (k.name(), counters.events_of(*k)))

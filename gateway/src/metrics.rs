@@ -19,12 +19,15 @@
 //! | `floodgate_link_quarantined` | gauge (0/1) | |
 //! | `floodgate_link_phase` | gauge (1 for the current) | `phase` |
 //! | `floodgate_quarantine_transitions_total` | counter | |
+//! | `floodgate_services_contained` | gauge | |
+//! | `floodgate_containment_transitions_total` | counter | `reason` (see [`CONTAINMENT_REASONS`]) |
 //! | `floodgate_watchers` | gauge | |
 //! | `floodgate_upstream_errors_total` | counter | (each followed by a reconnect with backoff) |
 //! | `floodgate_upstream_relists_total` | counter | |
 //! | `floodgate_upstream_decode_errors_total` | counter | |
 //! | `floodgate_upstream_forced_relists_total` | counter | (a resume refused with 410/504, or a frame lost) |
 //! | `floodgate_upstream_oversized_total` | counter | (objects over the 2 MiB limit, refused) |
+//! | `floodgate_upstream_pods_skipped_total` | counter | (pod events no published endpoint needs, not decoded) |
 //! | `floodgate_discarded_writes_total` | counter | (Events accepted and discarded) |
 
 use std::sync::Arc;
@@ -46,6 +49,17 @@ const PHASES: [Phase; 4] = [
     Phase::Throttled,
     Phase::Quarantined,
     Phase::Degraded,
+];
+
+/// Every reason a service's containment changes for, each exported from the start (0 until
+/// it happens), so rates and alerts work before the first flood.
+pub const CONTAINMENT_REASONS: [&str; 6] = [
+    "EndpointsPerService",
+    "ServiceEventRate",
+    "CooldownOver",
+    "RecheckPassed",
+    "Released",
+    "ServiceGone",
 ];
 
 /// The registry the admin API encodes on `GET /metrics`.
@@ -252,6 +266,26 @@ impl Collector for LinkCollector {
         )?;
         gauge(
             &mut enc,
+            "services_contained",
+            "Services contained now: served at their last published state until released.",
+            per_link(|s| s.state.contained.len() as u64),
+        )?;
+        counter(
+            &mut enc,
+            "containment_transitions",
+            "Service containment changes, by reason (contained, re-checking, released).",
+            samples.iter().flat_map(|s| {
+                CONTAINMENT_REASONS.iter().map(move |r| {
+                    let n = s.state.containment_transitions.get(r).copied();
+                    (
+                        vec![("link", s.name.clone()), ("reason", (*r).to_owned())],
+                        n.unwrap_or(0),
+                    )
+                })
+            }),
+        )?;
+        gauge(
+            &mut enc,
             "watchers",
             "Watches consumers hold open on the link's facade.",
             per_link(|s| s.watchers),
@@ -285,6 +319,12 @@ impl Collector for LinkCollector {
             "upstream_oversized",
             "Upstream objects refused for being over the size limit.",
             per_link(|s| s.state.upstream_oversized),
+        )?;
+        counter(
+            &mut enc,
+            "upstream_pods_skipped",
+            "Upstream pod events not decoded because no published endpoint names the pod.",
+            per_link(|s| s.state.upstream_pods_skipped),
         )?;
         counter(
             &mut enc,

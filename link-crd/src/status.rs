@@ -80,7 +80,7 @@ impl ContainedServicesStatus {
 pub struct ContainedServiceStatus {
     /// `namespace/name`.
     pub service: String,
-    /// A CamelCase reason: `EndpointsPerService`, `ServiceEventRate` or `Manual`.
+    /// A CamelCase reason: `EndpointsPerService` or `ServiceEventRate`.
     pub reason: String,
     /// When it was contained.
     pub since: Time,

@@ -29,9 +29,10 @@ pub fn describe(link: &Entry) -> Value {
 
 /// The body for a link's state (apart from the handle, for tests).
 pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -> Value {
+    let (now, wall_now) = (Instant::now(), SystemTime::now());
     let since = s
         .quarantine_since
-        .and_then(|at| wall_clock(at, Instant::now(), SystemTime::now()));
+        .and_then(|at| wall_clock(at, now, wall_now));
     let quarantined = s.quarantine_since.is_some();
     let c = &s.counters;
     let facade = api.map(|a| a.counters.snapshot()).unwrap_or_default();
@@ -69,10 +70,40 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "upstreamDecodeErrors": s.upstream_decode_errors,
             "upstreamForcedRelists": s.upstream_forced_relists,
             "upstreamOversized": s.upstream_oversized,
+            "upstreamPodsSkipped": s.upstream_pods_skipped,
             "quarantineTransitions": s.quarantine_transitions,
             "watchers": api.map_or(0, Api::open_watches),
             "discardedWrites": facade.events_discarded,
         },
+        "contained": contained(s, now, wall_now),
         "upstreamEventsByResource": s.upstream_events_by_kind,
     })
+}
+
+/// The contained services: each one's state, reason, since when, its figures, and when its
+/// auto-release re-check starts (`null`: only an operator releases it).
+fn contained(s: &LinkState, now: Instant, wall_now: SystemTime) -> Vec<Value> {
+    s.contained
+        .iter()
+        .map(|c| {
+            json!({
+                "service": c.service,
+                "state": c.state,
+                "reason": c.reason,
+                "message": c.message,
+                "since": wall_clock(c.since, now, wall_now),
+                "nextCheck": c.next_check.and_then(|at| wall_clock_ahead(at, now, wall_now)),
+                "figures": c.figures,
+            })
+        })
+        .collect()
+}
+
+/// The wall-clock time of an engine instant that may be ahead of now.
+fn wall_clock_ahead(at: Instant, now: Instant, wall_now: SystemTime) -> Option<String> {
+    if at <= now {
+        return wall_clock(at, now, wall_now);
+    }
+    let wall = wall_now.checked_add(at.duration_since(now))?;
+    wall_clock(now, now, wall)
 }

@@ -287,6 +287,53 @@ async fn quarantine_and_release_with_conflicts() {
 }
 
 #[tokio::test]
+async fn a_service_release_needs_the_token_a_selected_service_and_a_containment() {
+    let f = mk_admin(Some(TOKEN)).await;
+    let path = "/links/east/services/prod/web/release";
+    let (status, v) = call_json(&f.router, "POST", path, None, "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    let (status, v) = call_json(&f.router, "POST", path, Some("guess"), "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+    // Selected, not contained: 409, and nothing changes.
+    let before = f.links[0].state.borrow().counters;
+    let (status, v) = call_json(&f.router, "POST", path, Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(
+        error_of(&v),
+        "service prod/web: the service is not contained"
+    );
+    // Not selected (no such service): 404 naming it.
+    let (status, v) = call_json(
+        &f.router,
+        "POST",
+        "/links/east/services/prod/nope/release",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert!(error_of(&v).contains("prod/nope"), "{v}");
+    let (status, _) = call_json(
+        &f.router,
+        "POST",
+        "/links/nope/services/prod/web/release",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = call_json(&f.router, "POST", path, Some(TOKEN), "{bad").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = call_json(&f.router, "GET", path, None, "").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let east = f.links[0].state.borrow().clone();
+    assert_eq!(east.phase, Phase::Healthy);
+    assert_eq!(east.counters, before, "refused releases change nothing");
+    let (_, east) = call_json(&f.router, "GET", "/links/east", None, "").await;
+    assert_eq!(east["contained"], serde_json::json!([]), "{east}");
+}
+
+#[tokio::test]
 async fn a_bad_body_is_a_400_and_a_link_still_connecting_takes_commands() {
     let f = mk_admin(Some(TOKEN)).await;
     for body in ["{not json", r#"{"msg": "typo"}"#, r#"{"message": 3}"#] {
@@ -460,6 +507,7 @@ async fn metrics_parse_and_follow_the_links() {
         "floodgate_upstream_decode_errors_total",
         "floodgate_upstream_forced_relists_total",
         "floodgate_upstream_oversized_total",
+        "floodgate_upstream_pods_skipped_total",
         "floodgate_discarded_writes_total",
     ] {
         assert!(value(name, &east) >= 0.0, "{name}");

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use floodgate_link_crd::{Counters, LinkStatus, Phase, QuarantineStatus};
+use floodgate_link_crd::{
+    ContainedServiceStatus, ContainedServicesStatus, Counters, LinkStatus, Phase, QuarantineStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Map, Value};
 
@@ -109,7 +111,7 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
         observed_generation: obs.generation,
         conditions,
         quarantine,
-        contained_services: None,
+        contained_services: obs.state.and_then(|s| contained_services(prev, s, now)),
         counters: obs.state.map(|s| Counters {
             services: clamp(s.counters.services),
             endpoints_published: clamp(s.counters.endpoints_published),
@@ -120,12 +122,51 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
     }
 }
 
+/// The contained services as status shows them: how many, and the first few by name. A
+/// service keeps its recorded `since` while it stays contained for the same reason.
+fn contained_services(
+    prev: Option<&LinkStatus>,
+    s: &LinkState,
+    now: &Time,
+) -> Option<ContainedServicesStatus> {
+    if s.contained.is_empty() {
+        return None;
+    }
+    let before: &[ContainedServiceStatus] = prev
+        .and_then(|p| p.contained_services.as_ref())
+        .map_or(&[], |c| &c.first);
+    let first = s
+        .contained
+        .iter()
+        .take(ContainedServicesStatus::FIRST)
+        .map(|c| {
+            let service = c.service.to_string();
+            let reason = c.reason.to_string();
+            let since = before
+                .iter()
+                .find(|b| b.service == service && b.reason == reason)
+                .map_or_else(|| now.clone(), |b| b.since.clone());
+            ContainedServiceStatus {
+                service,
+                reason,
+                since,
+                message: c.message.clone(),
+                figures: c.figures.clone(),
+            }
+        })
+        .collect();
+    Some(ContainedServicesStatus {
+        count: clamp(s.contained.len() as u64),
+        first,
+    })
+}
+
 fn clamp(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// True when `next` differs from `prev` in more than counters and figures: a phase, a
-/// condition or a quarantine change. Transitions are written at once; counters wait for the
+/// condition, a quarantine or a containment change. Transitions are written at once; counters wait for the
 /// next write slot.
 pub fn is_transition(prev: Option<&LinkStatus>, next: &LinkStatus) -> bool {
     let Some(prev) = prev else { return true };
@@ -138,6 +179,10 @@ pub fn is_transition(prev: Option<&LinkStatus>, next: &LinkStatus) -> bool {
                 .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
                 .collect::<Vec<_>>(),
             s.quarantine.as_ref().map(|q| q.reason.clone()),
+            s.contained_services.as_ref().map(|c| {
+                let names = c.first.iter().map(|f| f.service.clone());
+                (c.count, names.collect::<Vec<_>>())
+            }),
         )
     };
     key(prev) != key(next)

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::status::{is_transition, status_patch};
+use crate::churn::quarantine::{StateName, Transition};
 
 /// Status updates waiting for the writer. The controller sends one per link per tick and
 /// skips a tick when the queue is full (the next tick carries the latest state), so 256 is
@@ -183,6 +184,45 @@ pub fn record_event(recorder: &Recorder, link: &Link, change: &PhaseChange, note
         action: "PhaseChange".into(),
         secondary: None,
     };
+    let reference = link.object_ref(&());
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %e, "cannot record an Event");
+        }
+    });
+}
+
+/// The Event of a service's containment transition: a Warning when it is contained, Normal
+/// when its re-check starts or it is released. The reason is the transition's cause
+/// (`ServiceEventRate`, `Released`..); the note names the service.
+pub fn service_event(t: &Transition) -> Event {
+    let contained = t.to == StateName::Contained;
+    let service = t
+        .service
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    Event {
+        type_: if contained {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: t.reason.as_str().to_owned(),
+        note: Some(format!("service {service}: {}", t.message)),
+        action: if contained {
+            "ContainService".into()
+        } else {
+            "ReleaseService".into()
+        },
+        secondary: None,
+    }
+}
+
+/// Records a service's containment transition as an Event on the Link (off the loop).
+pub fn record_service_event(recorder: &Recorder, link: &Link, t: &Transition) {
+    let ev = service_event(t);
     let reference = link.object_ref(&());
     let recorder = recorder.clone();
     tokio::spawn(async move {

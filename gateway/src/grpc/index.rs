@@ -46,7 +46,8 @@ impl Index {
         }
     }
 
-    fn wanted(&self, svc: &NsName) -> bool {
+    /// True when the stream sends `svc`'s snapshots (it watches every service, or this one).
+    pub fn covers(&self, svc: &NsName) -> bool {
         self.only.as_ref().is_none_or(|o| o == svc)
     }
 
@@ -81,7 +82,7 @@ impl Index {
         for s in &services.items {
             if let Object::Service(svc) = &s.object {
                 let id = NsName::of(&svc.metadata);
-                if self.wanted(&id) {
+                if self.covers(&id) {
                     self.services.insert(id, svc.clone());
                 }
             }
@@ -96,7 +97,7 @@ impl Index {
     }
 
     fn insert_slice(&mut self, slice: &Arc<EndpointSlice>) -> Option<NsName> {
-        let svc = slice_service(slice).filter(|s| self.wanted(s))?;
+        let svc = slice_service(slice).filter(|s| self.covers(s))?;
         let id = NsName::of(&slice.metadata);
         self.slices
             .entry(svc.clone())
@@ -126,7 +127,7 @@ impl Index {
         match &event.object.object {
             Object::Service(svc) if rv > self.services_floor => {
                 let id = NsName::of(&svc.metadata);
-                if !self.wanted(&id) {
+                if !self.covers(&id) {
                     return touched;
                 }
                 if event.kind == EventType::Deleted {

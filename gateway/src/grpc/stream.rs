@@ -8,6 +8,7 @@
 //! When the view's feed reports this stream lagged (it fell [`crate::view::FANOUT_BACKLOG`]
 //! changes behind), it resyncs and resends every service rather than guess what it missed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use floodgate_link_crd::Phase;
@@ -18,6 +19,7 @@ use tonic::Status;
 
 use super::MirrorLink;
 use super::index::Index;
+use crate::link::LinkState;
 use crate::model::NsName;
 
 /// Snapshots built and waiting for the consumer, per stream. Snapshots are only built when
@@ -37,6 +39,11 @@ pub fn resend_on(from: Phase, to: Phase) -> bool {
     from != to && (notable(from) || notable(to))
 }
 
+/// The services a link contains now.
+fn contained(s: &LinkState) -> BTreeSet<NsName> {
+    s.contained.iter().map(|c| c.service.clone()).collect()
+}
+
 /// Runs one stream until the consumer goes away, the link stops or Floodgate shuts down.
 pub async fn run(
     link: Arc<MirrorLink>,
@@ -53,7 +60,10 @@ pub async fn run(
     }
     let mut index = Index::new(only);
     let (mut rx, mut dirty) = index.resync(&link.view);
-    let mut phase = state.borrow_and_update().phase;
+    let (mut phase, mut held) = {
+        let s = state.borrow_and_update();
+        (s.phase, contained(&s))
+    };
     loop {
         tokio::select! {
             biased;
@@ -90,9 +100,17 @@ pub async fn run(
                 if r.is_err() {
                     return;
                 }
-                let now = state.borrow_and_update().phase;
+                let (now, now_held) = {
+                    let s = state.borrow_and_update();
+                    (s.phase, contained(&s))
+                };
                 if resend_on(phase, now) {
                     dirty.extend(index.keys());
+                }
+                if now_held != held {
+                    let changed = now_held.symmetric_difference(&held);
+                    dirty.extend(changed.filter(|id| index.covers(id)).cloned());
+                    held = now_held;
                 }
                 phase = now;
             }
@@ -100,7 +118,9 @@ pub async fn run(
                 let Ok(permit) = permit else { return };
                 if let Some(id) = dirty.pop_first() {
                     let now = state.borrow().phase;
-                    permit.send(Ok(index.snapshot(&id, now)));
+                    let mut snap = index.snapshot(&id, now);
+                    snap.contained = held.contains(&id);
+                    permit.send(Ok(snap));
                 }
             }
         }

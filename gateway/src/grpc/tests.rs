@@ -13,7 +13,7 @@ use tonic::{Code, Request};
 
 use super::snapshot::tests::{mk_endpoint, mk_service, mk_slice};
 use super::*;
-use crate::model::Object;
+use crate::model::{NsName, Object};
 use crate::view::{Change, FANOUT_BACKLOG};
 
 struct Fixture {
@@ -260,6 +260,34 @@ async fn a_notable_phase_change_resends_every_snapshot() {
     assert_eq!(after.endpoints, before.endpoints);
     assert!(stream::resend_on(Phase::Healthy, Phase::Degraded));
     assert!(!stream::resend_on(Phase::Healthy, Phase::Throttled));
+}
+
+/// A containment resends the service's snapshot saying `contained`; its release resends it
+/// again without.
+#[tokio::test]
+async fn a_containment_resends_the_snapshot_marked_contained() {
+    let f = fixture();
+    f.east
+        .apply([svc("web", &[]), slice("web-a", "web", &[true])]);
+    let mut s = open(&f, "prod/web").await;
+    let before = next(&mut s).await;
+    assert!(!before.contained);
+    let contained = crate::link::ContainedService {
+        service: NsName::new("prod", "web"),
+        state: crate::churn::quarantine::StateName::Contained,
+        reason: crate::churn::flood::Reason::ServiceEventRate,
+        message: "web floods".into(),
+        figures: Default::default(),
+        since: tokio::time::Instant::now(),
+        next_check: None,
+    };
+    f.east_state.send_modify(|s| s.contained = vec![contained]);
+    let after = next(&mut s).await;
+    assert!(after.contained, "{after:?}");
+    assert_eq!(after.endpoints, before.endpoints);
+    assert_eq!(after.link_phase, "Healthy");
+    f.east_state.send_modify(|s| s.contained.clear());
+    assert!(!next(&mut s).await.contained);
 }
 
 /// A consumer that reads nothing while one service changes many times gets a bounded number of

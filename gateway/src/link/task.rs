@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use floodgate_link_crd::{LinkSpec, Phase};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE, link_state};
-use crate::churn::quarantine::State;
+use crate::churn::quarantine::{State, Transition};
 use crate::churn::{Effect, Engine};
 use crate::model::Kind;
 use crate::persist::LinkDir;
@@ -31,6 +31,8 @@ use backon::BackoffBuilder as _;
 /// Where a link's state goes.
 pub(super) struct Outputs {
     pub state: watch::Sender<LinkState>,
+    /// Every service containment transition, as it happens (for Events).
+    pub transitions: broadcast::Sender<Transition>,
     pub version: watch::Sender<Option<Value>>,
     pub has_servers: watch::Sender<bool>,
 }
@@ -105,12 +107,12 @@ pub(super) async fn run(
     // Pod fetches the engine asked for; aborted with the link.
     let mut fetches = JoinSet::new();
     let mut next_wake: Option<Instant> = None;
-    let mut transitions = 0;
+    let mut transitions = Tally::default();
     // An operator's answer waits until its transition's effects are carried out and the new
     // state is published: whoever reads the link after a 200 sees what the 200 said.
     let mut answer = None;
     loop {
-        publish_state(&engine, &counters, remote.is_some(), transitions, &out);
+        publish_state(&engine, &counters, remote.is_some(), &transitions, &out);
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {
             biased;
@@ -207,14 +209,17 @@ pub(super) async fn run(
                 Effect::Transition(t) if t.service.is_some() => {
                     let svc = t.service.as_ref().map(ToString::to_string);
                     tracing::warn!(service = svc.as_deref().unwrap_or_default(), from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "service containment changed");
+                    *transitions.services.entry(t.reason.as_str()).or_default() += 1;
                     if let Some(p) = &persist {
                         let _ = p
                             .send(Persist::Contained(contained_snapshot(&engine), now))
                             .await;
                     }
+                    // No receiver (standalone mode) is fine.
+                    let _ = out.transitions.send(t);
                 }
                 Effect::Transition(t) => {
-                    transitions += 1;
+                    transitions.link += 1;
                     tracing::warn!(from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "quarantine state changed");
                     if let Some(p) = &persist {
                         let op = match engine.state() {
@@ -230,13 +235,22 @@ pub(super) async fn run(
             }
         }
         if let Some((reply, result)) = answer.take() {
-            publish_state(&engine, &counters, remote.is_some(), transitions, &out);
+            publish_state(&engine, &counters, remote.is_some(), &transitions, &out);
             let _ = reply.send(result);
         }
     }
     drop(upstream);
     fetches.abort_all();
     tracing::info!("link stopped");
+}
+
+/// The transitions a link has made since it started.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Of the link's quarantine.
+    link: u64,
+    /// Of its services' containment, by cause.
+    services: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Connects until the remote answers `/version` and discovery. Errors are reported in the
@@ -284,12 +298,15 @@ fn publish_state(
     engine: &Engine,
     counters: &UpstreamCounters,
     connected: bool,
-    transitions: u64,
+    transitions: &Tally,
     out: &Outputs,
 ) {
     let mut state = link_state(engine, counters);
     state.connected = connected;
-    state.quarantine_transitions = transitions;
+    state.quarantine_transitions = transitions.link;
+    state
+        .containment_transitions
+        .clone_from(&transitions.services);
     let quarantined = state.phase == Phase::Quarantined;
     if let (Some(u), true, false) = (counters.health.unreachable(), connected, quarantined) {
         state.phase = Phase::Degraded;
@@ -308,6 +325,7 @@ fn publish_state(
             || s.connected != state.connected
             || s.pending != state.pending
             || s.quarantine_transitions != state.quarantine_transitions
+            || s.containment_transitions != state.containment_transitions
             || s.contained != state.contained
             || s.objects_by_kind != state.objects_by_kind;
         *s = state;

@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::churn::flood::Reason;
 
 fn t(secs: i64) -> Time {
     Time(jiff::Timestamp::from_second(1_700_000_000 + secs).expect("time"))
@@ -87,6 +88,60 @@ fn a_quarantine_reports_reason_since_and_figures() {
     // Still quarantined later: `since` stays.
     let again = next_status(Some(&s), &obs(Some(&st), None), &t(50));
     assert_eq!(again.quarantine.expect("still").since, t(5));
+}
+
+fn contained(name: &str, reason: Reason) -> crate::link::ContainedService {
+    crate::link::ContainedService {
+        service: crate::model::NsName::new("prod", name),
+        state: crate::churn::quarantine::StateName::Contained,
+        reason,
+        message: format!("{name} floods"),
+        figures: BTreeMap::from([("serviceEventsLastSecond".to_owned(), 900)]),
+        since: tokio::time::Instant::now(),
+        next_check: None,
+    }
+}
+
+#[test]
+fn contained_services_are_counted_and_the_first_few_named() {
+    let mut st = mk_state(Phase::Healthy, true);
+    let none = next_status(None, &obs(Some(&st), None), &t(0));
+    assert!(none.contained_services.is_none());
+    st.contained = (0..7)
+        .map(|i| contained(&format!("svc-{i}"), Reason::ServiceEventRate))
+        .collect();
+    let s = next_status(Some(&none), &obs(Some(&st), None), &t(10));
+    let c = s.contained_services.clone().expect("contained");
+    assert_eq!(c.count, 7);
+    assert_eq!(c.first.len(), ContainedServicesStatus::FIRST);
+    assert_eq!(c.first[0].service, "prod/svc-0");
+    assert_eq!(c.first[0].reason, "ServiceEventRate");
+    assert_eq!(c.first[0].since, t(10));
+    assert_eq!(c.first[0].figures["serviceEventsLastSecond"], 900);
+    assert!(
+        is_transition(Some(&none), &s),
+        "a containment is written at once"
+    );
+    // Still contained later: `since` stays; a new reason is a new containment.
+    let again = next_status(Some(&s), &obs(Some(&st), None), &t(60));
+    assert_eq!(
+        again.contained_services.as_ref().expect("c").first[0].since,
+        t(10)
+    );
+    assert!(!is_transition(Some(&s), &again));
+    st.contained[0] = contained("svc-0", Reason::EndpointsPerService);
+    let other = next_status(Some(&again), &obs(Some(&st), None), &t(70));
+    assert_eq!(other.contained_services.expect("c").first[0].since, t(70));
+    // Released: the field goes (a merge patch writes null).
+    st.contained.clear();
+    let released = next_status(Some(&again), &obs(Some(&st), None), &t(80));
+    assert!(released.contained_services.is_none());
+    let patch = status_patch(Some(&again), &released).expect("patch");
+    assert_eq!(
+        patch["status"]["containedServices"],
+        serde_json::Value::Null
+    );
+    assert!(is_transition(Some(&again), &released));
 }
 
 #[test]

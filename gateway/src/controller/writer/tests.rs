@@ -153,3 +153,32 @@ async fn only_differences_are_written() {
         serde_json::json!({"status": {"counters": {"upstreamEvents": 6}}})
     );
 }
+
+#[test]
+fn a_containment_is_a_warning_and_a_release_normal_each_naming_the_service() {
+    use crate::churn::flood::Reason;
+    use crate::churn::quarantine::{Cause, StateName, Transition};
+    let t = |from, to, reason| Transition {
+        service: Some(crate::model::NsName::new("prod", "injector")),
+        from,
+        to,
+        reason,
+        message: "900 events/s".into(),
+    };
+    let contained = service_event(&t(
+        StateName::Active,
+        StateName::Contained,
+        Cause::Tripped(Reason::ServiceEventRate),
+    ));
+    assert_eq!(contained.type_, EventType::Warning);
+    assert_eq!(contained.reason, "ServiceEventRate");
+    assert_eq!(contained.action, "ContainService");
+    assert_eq!(
+        contained.note.as_deref(),
+        Some("service prod/injector: 900 events/s")
+    );
+    let released = service_event(&t(StateName::Contained, StateName::Active, Cause::Released));
+    assert_eq!(released.type_, EventType::Normal);
+    assert_eq!(released.reason, "Released");
+    assert_eq!(released.action, "ReleaseService");
+}
