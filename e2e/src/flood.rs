@@ -9,8 +9,8 @@
 //! - at 2 s the bad Deployment scales to `pods` crash-looping pods over `ramp` seconds, then
 //!   flips `flips_per_sec` pods a second between ready and crashed for `flood` seconds;
 //! - then the remote is fixed (scaled back to 3 ready pods);
-//! - with `release`, 2 s later an operator releases the link through the admin API if the
-//!   flood quarantined it;
+//! - with `release`, 2 s later an operator releases, through the admin API, each service the
+//!   flood had contained (and the link, if it was quarantined);
 //! - the run ends when the consumer behind Floodgate has converged to the fixed remote.
 
 use std::path::Path;
@@ -71,6 +71,12 @@ pub struct Sample {
     pub floodgate_rss_kib: u64,
     /// The link's phase.
     pub phase: String,
+    /// Services the link contains.
+    pub contained: usize,
+    /// The slowest calm change that reached the direct consumer in that second, ms.
+    pub direct_calm_ms: Option<u64>,
+    /// The same through Floodgate.
+    pub via_calm_ms: Option<u64>,
 }
 
 /// What a run measured.
@@ -99,6 +105,10 @@ pub struct Outcome {
     pub via_missed: usize,
     /// Seconds from the start of the scale-up to the quarantine, if there was one.
     pub quarantined_after_s: Option<f64>,
+    /// Seconds from the start of the scale-up to the bad service's containment, if any.
+    pub contained_after_s: Option<f64>,
+    /// The services the link had contained before the release.
+    pub contained: Vec<String>,
     /// Seconds from the release to the consumer's convergence, if released.
     pub converged_after_release_s: Option<f64>,
     /// The link's phase at the end.
@@ -110,6 +120,24 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
+}
+
+/// The slowest delay (ms) of the stamped changes that arrived in `(from, to]` (wall-clock ms).
+fn slowest_arrival(seen: &[(u64, u64)], from: u64, to: u64) -> Option<u64> {
+    seen.iter()
+        .filter(|(_, at)| *at > from && *at <= to)
+        .map(|(stamp, at)| at.saturating_sub(*stamp))
+        .max()
+}
+
+/// The services a link's admin state lists as contained.
+fn contained_services(link: &serde_json::Value) -> Vec<String> {
+    link["contained"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["service"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The `p`-th percentile of sorted `v` (0 when empty).
@@ -234,6 +262,8 @@ async fn drive(
     let mut calm_made: Vec<u64> = Vec::new();
     let (mut phase, mut quarantined_at, mut released_at, mut converged_at) =
         (String::new(), None, None, None);
+    let (mut contained_at, mut contained) = (None, Vec::<String>::new());
+    let mut second_ms = now_ms();
     // Wall-clock ms of the quarantine (the link's own `since`) and of the release.
     let (mut quarantine_ms, mut release_ms) = (None, None);
     let (mut last_version, mut upstream_total, mut upstream_second) =
@@ -270,6 +300,17 @@ async fn drive(
         if tick % ticks_per_sec == 0 {
             let link = rig.floodgate.link_state().await;
             phase = link["phase"].as_str().unwrap_or("unknown").to_owned();
+            let now_contained = contained_services(&link);
+            if !now_contained.is_empty() && contained_at.is_none() {
+                contained_at = Some(tick);
+            }
+            if released_at.is_none() {
+                for c in &now_contained {
+                    if !contained.contains(c) {
+                        contained.push(c.clone());
+                    }
+                }
+            }
             if phase == "Quarantined" && quarantined_at.is_none() {
                 quarantined_at = Some(tick);
                 quarantine_ms = link["quarantine"]["since"]
@@ -280,6 +321,7 @@ async fn drive(
             }
             let (d, v) = (rig.direct.stats(), rig.via.stats());
             let [direct_mem, via_mem, floodgate_mem] = rig.memory();
+            let now = now_ms();
             let sample = Sample {
                 t: tick / ticks_per_sec,
                 upstream_events: upstream_second,
@@ -289,14 +331,20 @@ async fn drive(
                 via_rss_kib: via_mem.0,
                 floodgate_rss_kib: floodgate_mem.0,
                 phase: phase.clone(),
+                contained: now_contained.len(),
+                direct_calm_ms: slowest_arrival(&d.seen, second_ms, now),
+                via_calm_ms: slowest_arrival(&v.seen, second_ms, now),
             };
+            second_ms = now;
             upstream_total += upstream_second;
             upstream_second = 0;
             reporter.sample(&sample);
             samples.push(sample);
-            // A quarantined link serves its last good view until it is released, which may
-            // look like the fixed remote: only a released (or never quarantined) link counts.
-            let frozen = plan.release && quarantined_at.is_some() && released_at.is_none();
+            // A quarantined link (a contained service) serves its last good view until it is
+            // released, which may look like the fixed remote: only a released (or never
+            // stopped) link counts.
+            let stopped = quarantined_at.is_some() || contained_at.is_some();
+            let frozen = plan.release && stopped && released_at.is_none();
             if tick >= fix_at && !frozen && converged_at.is_none() && converged(&v, plan.exported) {
                 converged_at = Some(tick);
             }
@@ -312,11 +360,27 @@ async fn drive(
                 v.pods
             );
         }
-        if plan.release && tick == release_at && phase == "Quarantined" {
-            let (code, body) = rig.floodgate.admin_post("release").await?;
-            anyhow::ensure!(code == 200, "release answered {code}: {body}");
-            released_at = Some(tick);
-            release_ms = Some(now_ms());
+        if plan.release && tick == release_at {
+            if phase == "Quarantined" {
+                let (code, body) = rig.floodgate.admin_post("release").await?;
+                anyhow::ensure!(code == 200, "release answered {code}: {body}");
+                released_at = Some(tick);
+                release_ms = Some(now_ms());
+            }
+            let link = rig.floodgate.link_state().await;
+            for svc in contained_services(&link) {
+                let (code, body) = rig
+                    .floodgate
+                    .admin_post(&format!("services/{svc}/release"))
+                    .await?;
+                // 409: it was released (its re-check passed) in the meantime.
+                anyhow::ensure!(
+                    code == 200 || code == 409,
+                    "release of {svc} answered {code}: {body}"
+                );
+                released_at = Some(tick);
+                release_ms.get_or_insert_with(now_ms);
+            }
         }
     }
 
@@ -353,6 +417,9 @@ async fn drive(
         direct_staleness_ms: staleness(&d.seen, false),
         quarantined_after_s: quarantined_at
             .map(|t| t.saturating_sub(ramp_start) as f64 / ticks_per_sec as f64),
+        contained_after_s: contained_at
+            .map(|t| t.saturating_sub(ramp_start) as f64 / ticks_per_sec as f64),
+        contained,
         converged_after_release_s: released_at
             .zip(converged_at)
             .map(|(r, c)| c.saturating_sub(r) as f64 / ticks_per_sec as f64),

@@ -5,9 +5,10 @@
 //! crash-looping pods. Floodgate (`floodgate run`, its own process) links to it. Two identical
 //! consumers (`consumer`, kube-rs reflectors of Services, EndpointSlices and Pods, each its own
 //! process) follow: one straight from kube-sim, as Linkerd is wired today, one through Floodgate.
-//! A table is printed every second; the flood quarantines the link; the remote is fixed; the
-//! demo releases the link through the admin API and the consumer converges. It ends with a
-//! summary and stops every process it started.
+//! A table is printed every second, with the delay of the calm services' changes through each
+//! consumer: the flood contains the bad service while the calm ones keep changing through
+//! Floodgate; the remote is fixed; the demo releases the service through the admin API and the
+//! consumer converges. It ends with a summary and stops every process it started.
 
 use std::time::Duration;
 
@@ -47,25 +48,30 @@ impl Reporter for Table {
     fn started(&mut self, status_page: &str) {
         println!("status page: {status_page} (live while the demo runs)\n");
         println!(
-            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13}  {:>11}",
+            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13}  {:>17}  {:>11}  {:>9}",
             "t(s)",
             "upstream ev/s",
             "direct: events (MiB)",
             "via Floodgate (MiB)",
             "Floodgate MiB",
-            "link phase"
+            "calm ms dir / via",
+            "link phase",
+            "contained"
         );
     }
 
     fn sample(&mut self, s: &Sample) {
+        let ms = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         println!(
-            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13.1}  {:>11}",
+            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13.1}  {:>17}  {:>11}  {:>9}",
             s.t,
             s.upstream_events,
             format!("{} ({:.1})", s.direct_events, mib(s.direct_rss_kib)),
             format!("{} ({:.1})", s.via_events, mib(s.via_rss_kib)),
             mib(s.floodgate_rss_kib),
-            s.phase
+            format!("{} / {}", ms(s.direct_calm_ms), ms(s.via_calm_ms)),
+            s.phase,
+            s.contained
         );
     }
 
@@ -92,11 +98,19 @@ fn summary(o: &Outcome) {
         mib(o.direct_peak_kib),
         mib(o.via_peak_kib)
     );
+    for (name, p) in [("p50", 0.5), ("p99", 0.99)] {
+        println!(
+            "  {:<48} {:>12} {:>16}",
+            format!("calm-service changes, {name} delay (ms)"),
+            percentile(&o.direct_staleness_ms, p),
+            percentile(&o.via_staleness_ms, p)
+        );
+    }
     println!(
         "  {:<48} {:>12} {:>16}",
-        "calm-service changes, p99 delay (ms)",
-        percentile(&o.direct_staleness_ms, 0.99),
-        percentile(&o.via_staleness_ms, 0.99)
+        "calm-service changes delivered",
+        o.direct_staleness_ms.len(),
+        format!("{} ({} missed)", o.via_staleness_ms.len(), o.via_missed)
     );
     println!(
         "  {ratio:.0}x fewer objects through Floodgate; Floodgate itself peaked at {:.1} MiB; \
@@ -104,19 +118,26 @@ fn summary(o: &Outcome) {
         mib(o.floodgate_peak_kib),
         o.upstream_events
     );
+    match o.contained_after_s {
+        Some(c) => println!(
+            "  contained {} {c:.0} s into the rollout; the calm services kept flowing",
+            o.contained.join(", ")
+        ),
+        None => println!("  no service was contained"),
+    }
     match (o.quarantined_after_s, o.converged_after_release_s) {
-        (Some(q), Some(c)) => println!(
-            "  quarantined {q:.0} s into the rollout; released through the admin API, the \
-             consumer converged {c:.0} s later; phase now {}",
+        (q, Some(c)) => println!(
+            "  link quarantined: {}; released through the admin API, the consumer converged \
+             {c:.0} s later; phase now {}",
+            q.map_or("no".into(), |q| format!("after {q:.0} s")),
             o.final_phase
         ),
-        (q, _) => println!(
-            "  quarantined: {}; phase now {}",
+        (q, None) => println!(
+            "  link quarantined: {}; phase now {}",
             q.map_or("no".into(), |q| format!("after {q:.0} s")),
             o.final_phase
         ),
     }
-    println!("  (calm changes made while the link was quarantined arrive at release, by design)");
 }
 
 #[tokio::main]
@@ -131,13 +152,15 @@ async fn main() -> anyhow::Result<()> {
     spec.quarantine.when.events_per_second = 500;
     spec.quarantine.when.sustained_for = KubeDuration::from_secs(5);
     spec.quarantine.when.endpoints_per_service = 50_000;
+    spec.quarantine.when.service_events_per_second = 100;
     println!(
         "Floodgate demo: incident 2 (discovery flood), {} crash-looping pods, {} flips/s",
         args.pods, args.flips_per_sec
     );
     println!(
         "link: quiet {} max {}, budget {}/s burst {} per link, {}/s burst {} per service, \
-         cap {} endpoints/service; quarantine when > {} relevant events/s for {}",
+         cap {} endpoints/service; contain a service over {} events/s, quarantine the link \
+         over {} events/s, each for {}",
         spec.coalesce.quiet,
         spec.coalesce.max,
         spec.rate_limit.per_link.updates_per_second,
@@ -145,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
         spec.rate_limit.per_service.updates_per_second,
         spec.rate_limit.per_service.burst,
         spec.caps.max_endpoints_per_service,
+        spec.quarantine.when.service_events_per_second,
         spec.quarantine.when.events_per_second,
         spec.quarantine.when.sustained_for
     );
@@ -165,8 +189,18 @@ async fn main() -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
     };
     anyhow::ensure!(
-        outcome.quarantined_after_s.is_some(),
-        "the flood should have quarantined the link"
+        outcome.contained == ["prod/injector"],
+        "the flood should have contained the bad service, and only it: {:?}",
+        outcome.contained
+    );
+    anyhow::ensure!(
+        outcome.quarantined_after_s.is_none(),
+        "one flooding service should not quarantine the link"
+    );
+    anyhow::ensure!(
+        outcome.via_missed == 0,
+        "every calm change should reach the consumer behind Floodgate ({} missed)",
+        outcome.via_missed
     );
     anyhow::ensure!(
         outcome.final_phase == "Healthy",

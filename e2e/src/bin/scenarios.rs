@@ -190,6 +190,27 @@ fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
         target: "<= 256 MiB".into(),
         met: Some(o.floodgate_peak_kib <= 256 * 1024),
     });
+    out.push(Figure {
+        what: format!("S1 {name}: calm service change visible downstream, p50"),
+        direct: format!("{} ms", percentile(&o.direct_staleness_ms, 0.5)),
+        floodgate: format!("{} ms", percentile(&o.via_staleness_ms, 0.5)),
+        ratio: String::new(),
+        target: "(reported)".into(),
+        met: None,
+    });
+    if let Some(c) = o.contained_after_s {
+        out.push(Figure {
+            what: format!(
+                "S1 {name}: containment of {}, from the start of the scale-up",
+                o.contained.join(", ")
+            ),
+            direct: "never".into(),
+            floodgate: format!("{c:.1} s"),
+            ratio: String::new(),
+            target: "(reported)".into(),
+            met: None,
+        });
+    }
     if let Some(q) = o.quarantined_after_s {
         out.push(Figure {
             what: format!("S1 {name}: quarantine, from the start of the scale-up"),
