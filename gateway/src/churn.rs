@@ -409,14 +409,19 @@ impl Engine {
                 }
                 if churn {
                     let flood = &self.flood;
-                    let (counts, over) = self.containment.record(svc, now, || flood.service_rate());
+                    let weight = touched.endpoints_changed as u64;
+                    let (counts, over) = self
+                        .containment
+                        .record(svc, now, weight, || flood.service_rate());
                     link_counts |= counts;
                     if let Some(over) = over {
                         let trigger = self.flood.service_trigger(svc, over);
                         self.contain(svc, now, trigger);
                     }
                 }
-                if key.kind == Kind::EndpointSlice
+                // At a slice change, and when the service itself arrives: its slices may have
+                // come first (each kind has its own watch), when it was not selected yet.
+                if matches!(key.kind, Kind::EndpointSlice | Kind::Service)
                     && let Some(t) = self
                         .flood
                         .check_endpoints(svc, self.store.endpoint_count(svc))
@@ -513,6 +518,24 @@ impl Engine {
         let t = self.machine.release(by)?;
         self.transitioned(t.clone());
         Ok(t)
+    }
+
+    /// Contains a service because the link's Lease holder recorded it contained (this replica
+    /// follows the holder's decisions; a restarted holder follows its own record once). The
+    /// link's quarantine is the holder's to decide: the count is not checked here. Returns
+    /// `None` when the service is contained already or the link is quarantined.
+    pub fn follow_containment(
+        &mut self,
+        svc: &NsName,
+        now: Instant,
+        trigger: Trigger,
+    ) -> Option<Transition> {
+        if self.machine.is_frozen() || self.containment.holds(svc) {
+            return None;
+        }
+        let t = self.containment.contain(svc, now, trigger)?;
+        self.effects.push(Effect::Transition(t.clone()));
+        Some(t)
     }
 
     /// Someone releases a contained service; `by` says who. It converges to upstream through

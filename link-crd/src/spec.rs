@@ -276,8 +276,9 @@ pub struct QuarantineWhen {
     #[schemars(range(min = 1))]
     pub endpoints_per_service: u32,
     /// Upstream events per second concerning one selected service, sustained for
-    /// `sustainedFor`: the service is contained. Default: 200 (a rollout of a 1,000-pod
-    /// Deployment stays under it; a ReplicaSet of crash-looping pods does not).
+    /// `sustainedFor`: the service is contained. An EndpointSlice change counts once per
+    /// endpoint it changes. Default: 200 (a rollout of a 1,000-pod Deployment stays under it;
+    /// a ReplicaSet of crash-looping pods does not).
     #[serde(default = "default_service_events_per_second")]
     #[schemars(range(min = 1))]
     pub service_events_per_second: u32,

@@ -83,13 +83,16 @@ impl Containment {
             .then(|| Trigger::contained_services(self.machines.len(), self.max_contained))
     }
 
-    /// Counts one relevant event of `svc`. Says whether the event counts towards the link's
-    /// rate (not when the service is held or is over its own threshold right now) and whether
-    /// the service's own rate floods.
+    /// Counts one relevant event of `svc`, weighing `weight` (a slice change weighs the
+    /// endpoints it changed, so a crash loop counts its flips however the remote batches them
+    /// into slices). Says whether the event counts towards the link's rate (not when the
+    /// service is held or is over its own threshold right now) and whether the service's own
+    /// rate floods.
     pub fn record(
         &mut self,
         svc: &NsName,
         now: Instant,
+        weight: u64,
         fresh: impl FnOnce() -> Rate,
     ) -> (bool, Option<Over>) {
         if let Some(m) = self.machines.get(svc)
@@ -99,7 +102,7 @@ impl Containment {
             return (false, None);
         }
         let rate = self.rates.entry(svc.clone()).or_insert_with(fresh);
-        let over = rate.record(now);
+        let over = rate.record_n(now, weight.max(1));
         (!self.machines.contains_key(svc) && !rate.over_now(), over)
     }
 

@@ -50,6 +50,25 @@ impl Reason {
     }
 }
 
+impl std::str::FromStr for Reason {
+    type Err = String;
+
+    /// The reason named by [`Reason::as_str`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            Reason::EventRate,
+            Reason::EndpointsPerService,
+            Reason::ServiceEventRate,
+            Reason::ObjectCount,
+            Reason::ContainedServices,
+            Reason::Manual,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+        .ok_or_else(|| format!("unknown reason {s:?}"))
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -77,6 +96,15 @@ impl Trigger {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), i64::try_from(*v).unwrap_or(i64::MAX)))
                 .collect(),
+        }
+    }
+
+    /// A decision another replica (the Lease holder) recorded, followed here.
+    pub fn recorded(reason: Reason, message: String, figures: BTreeMap<String, i64>) -> Self {
+        Self {
+            reason,
+            message,
+            figures,
         }
     }
 
@@ -154,8 +182,13 @@ impl Rate {
 
     /// Counts one event at `now`; says whether the rate floods.
     pub fn record(&mut self, now: Instant) -> Option<Over> {
+        self.record_n(now, 1)
+    }
+
+    /// Counts `n` events at `now` (a slice change that changed `n` endpoints).
+    pub fn record_n(&mut self, now: Instant, n: u64) -> Option<Over> {
         self.roll(now);
-        self.in_bucket += 1;
+        self.in_bucket += n;
         self.check(now)
     }
 

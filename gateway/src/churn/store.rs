@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
@@ -27,6 +27,9 @@ pub struct Touched {
     pub pods: Vec<NsName>,
     /// False when the change concerns no selected service (a flood of unrelated pods).
     pub relevant: bool,
+    /// How many endpoints a slice change changed (added, removed, or with new addresses or
+    /// conditions); 0 for other kinds. A service's churn is measured in these.
+    pub endpoints_changed: usize,
 }
 
 /// The cache.
@@ -162,6 +165,7 @@ impl Store {
                     Some(Object::EndpointSlice(s)) => Some(s),
                     _ => None,
                 };
+                t.endpoints_changed = endpoints_changed(old.as_deref(), new.as_deref());
                 let old_svc = old.as_deref().and_then(slice_service);
                 let new_svc = new.as_deref().and_then(slice_service);
                 let count = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::len);
@@ -316,6 +320,25 @@ impl Store {
     }
 }
 
+/// Endpoints that differ between two states of a slice: added, removed, or changed (matched
+/// by their first address; a new address is a removal and an addition).
+fn endpoints_changed(old: Option<&EndpointSlice>, new: Option<&EndpointSlice>) -> usize {
+    fn by_address(s: Option<&EndpointSlice>) -> HashMap<&str, &Endpoint> {
+        let endpoints = s.and_then(|s| s.endpoints.as_ref());
+        endpoints
+            .into_iter()
+            .flatten()
+            .map(|e| (e.addresses.first().map_or("", String::as_str), e))
+            .collect()
+    }
+    let (old, new) = (by_address(old), by_address(new));
+    let changed = new
+        .iter()
+        .filter(|(a, e)| old.get(*a).is_none_or(|o| o != *e))
+        .count();
+    changed + old.keys().filter(|a| !new.contains_key(*a)).count()
+}
+
 /// True when `selector` selects an object with `labels`: the empty selector selects everything,
 /// an invalid one (`None`) nothing.
 fn selects(selector: Option<&Selector>, labels: Option<&BTreeMap<String, String>>) -> bool {
@@ -410,5 +433,27 @@ mod tests {
             !selects(bad.as_ref(), Some(&labels(&[("a", "x")]))),
             "and selects nothing"
         );
+    }
+
+    #[test]
+    fn a_slice_change_counts_the_endpoints_it_changes() {
+        use crate::churn::tests::mk_slice;
+        let slice = |eps: &[(u32, bool)]| match mk_slice("web", "web-a", eps) {
+            Object::EndpointSlice(s) => s,
+            _ => unreachable!("mk_slice makes slices"),
+        };
+        let a = slice(&[(1, true), (2, true), (3, true)]);
+        assert_eq!(endpoints_changed(None, Some(&a)), 3, "all added");
+        let same = slice(&[(1, true), (2, true), (3, true)]);
+        assert_eq!(endpoints_changed(Some(&a), Some(&same)), 0);
+        let flipped = slice(&[(1, false), (2, true), (3, false)]);
+        assert_eq!(endpoints_changed(Some(&a), Some(&flipped)), 2, "two flips");
+        let moved = slice(&[(1, true), (2, true), (4, true)]);
+        assert_eq!(
+            endpoints_changed(Some(&a), Some(&moved)),
+            2,
+            "one gone, one new"
+        );
+        assert_eq!(endpoints_changed(Some(&a), None), 3, "all removed");
     }
 }

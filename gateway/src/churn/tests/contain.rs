@@ -126,6 +126,49 @@ async fn a_flooding_service_is_contained_and_calm_services_keep_flowing() {
     );
 }
 
+/// Each kind has its own watch, so a service's slices may come before the service: the
+/// endpoint count is checked when the service arrives too.
+#[tokio::test(start_paused = true)]
+async fn a_service_whose_slices_came_first_is_still_checked() {
+    let mut spec = contain_spec();
+    spec.caps.max_endpoints_per_service = 5;
+    spec.quarantine.when.endpoints_per_service = 8;
+    let mut e = synced(&spec, calm_world());
+    let eps: Vec<(u32, bool)> = (0..12).map(|i| (200 + i, true)).collect();
+    apply(&mut e, mk_slice("late", "late-1", &eps));
+    assert!(e.contained().is_empty(), "no service yet: nothing selected");
+    apply(&mut e, mk_service("late", true));
+    e.poll(Instant::now());
+    let contained = e.contained();
+    assert_eq!(contained.len(), 1, "contained when the service came");
+    assert_eq!(contained[0].service, svc("late"));
+    assert_eq!(
+        contained[0].quarantine.trigger.reason,
+        crate::churn::flood::Reason::EndpointsPerService
+    );
+}
+
+/// A crash loop the remote batches into few slice updates still counts its flips: a slice of
+/// 40 endpoints rewritten 5 times a second with 20 endpoints flipped each time is 5 events/s
+/// by objects but 100 by endpoints changed, over the 50 of the spec: the service is contained.
+#[tokio::test(start_paused = true)]
+async fn a_slice_that_batches_many_flips_counts_each_flip() {
+    let mut e = synced(&contain_spec(), calm_world());
+    for tick in 0..30u32 {
+        let eps: Vec<(u32, bool)> = (0..40).map(|i| (i, i % 2 == tick % 2)).collect();
+        apply(&mut e, mk_slice("hot", "hot-1", &eps));
+        time::advance(Duration::from_millis(200)).await;
+        e.poll(Instant::now());
+    }
+    let contained = e.contained();
+    assert_eq!(contained.len(), 1, "contained by endpoints changed");
+    assert_eq!(contained[0].service, svc("hot"));
+    assert_eq!(
+        contained[0].quarantine.trigger.reason,
+        crate::churn::flood::Reason::ServiceEventRate
+    );
+}
+
 /// A link that starts while a service already floods syncs at once: the flooding service,
 /// over `endpointsPerService` in its first list, is contained and served at its first capped
 /// subset, ready endpoints first; the calm service is served whole.
