@@ -1,5 +1,5 @@
-//! Quarantine in cluster mode: recorded in the Link's status by the holder, honoured after a
-//! restart, followed by the replicas that do not hold the Lease.
+//! Quarantine and containment in cluster mode: recorded in the Link's status by the holder,
+//! honoured after a restart, followed by the replicas that do not hold the Lease.
 
 use floodgate::controller::lease;
 use floodgate_e2e::cluster::*;
@@ -66,6 +66,40 @@ async fn a_recorded_quarantine_is_honoured_after_a_restart() {
     replica.stop().await;
 }
 
+/// Link `link`'s Lease, held for an hour by "the-holder" (played by the test).
+async fn held_by_the_test(client: &kube::Client, link: &str) -> Lease {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(lease::lease_name(link)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("the-holder".into()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("lease")
+}
+
+/// Writes `field` of link east's status, as the holder would.
+async fn record_status(client: &kube::Client, field: &str, value: serde_json::Value) {
+    let links: Api<Link> = Api::namespaced(client.clone(), NS);
+    links
+        .patch_status(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {field: value}})),
+        )
+        .await
+        .expect("status");
+}
+
 /// Waits until the controller's loops have gone round: twenty more requests to the local
 /// cluster.
 async fn loops_go_round(local: &RunningLocal) {
@@ -88,23 +122,7 @@ async fn a_replica_without_the_lease_follows_the_recorded_quarantine() {
     let (sim, mut cluster) = remote(&["web"]).await;
     add_link(&local, "east", &sim, mk_link("east")).await;
     let client = local.client(NS).expect("client");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
-    let mut lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(lease::lease_name("east")),
-            ..ObjectMeta::default()
-        },
-        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-            holder_identity: Some("the-holder".into()),
-            lease_duration_seconds: Some(3600),
-            renew_time: Some(MicroTime(jiff::Timestamp::now())),
-            ..Default::default()
-        }),
-    };
-    lease = leases
-        .create(&PostParams::default(), &lease)
-        .await
-        .expect("lease");
+    let lease = held_by_the_test(&client, "east").await;
     let b = Replica::start(&local, "replica-b").await;
     let consumer = b.consumer("east", &token("east")).await;
     until(30, "b serves east", async || {
@@ -112,20 +130,7 @@ async fn a_replica_without_the_lease_follows_the_recorded_quarantine() {
     })
     .await;
 
-    let links: Api<Link> = Api::namespaced(client.clone(), NS);
-    let record = |q: serde_json::Value| {
-        let links = links.clone();
-        async move {
-            links
-                .patch_status(
-                    "east",
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({"status": {"quarantine": q}})),
-                )
-                .await
-                .expect("status")
-        }
-    };
+    let record = |v: serde_json::Value| record_status(&client, "quarantine", v);
     record(
         serde_json::json!({"since": "2026-01-01T00:00:00Z", "reason": "EventRate",
         "message": "flood", "figures": {}}),
@@ -159,5 +164,96 @@ async fn a_replica_without_the_lease_follows_the_recorded_quarantine() {
     })
     .await;
     drop(lease);
+    b.stop().await;
+}
+
+/// The contained services a replica's admin API shows for link `east`.
+async fn contained_on(admin: std::net::SocketAddr) -> Vec<String> {
+    match floodgate_e2e::admin::call(admin, "GET", "/links/east", None, "").await {
+        Ok((200, v)) => v["contained"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["service"].as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The endpoints a consumer is served for `service`.
+async fn endpoints_of(c: &kube::Client, service: &str) -> usize {
+    let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(c.clone(), "prod");
+    let lp =
+        kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
+    api.list(&lp).await.map_or(0, |l| {
+        l.items
+            .iter()
+            .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
+            .sum()
+    })
+}
+
+/// A replica that does not hold the Lease follows the containments the holder records: it
+/// contains what `status.containedServices` names (the service's later changes do not reach
+/// its view, the other services' do) and releases what the record drops. It never contains a
+/// service on its own, however the service floods.
+#[tokio::test]
+async fn a_replica_without_the_lease_follows_the_recorded_containments() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, mut cluster) = remote(&["web", "injector"]).await;
+    let mut link = mk_link("east");
+    // More than 8 upstream endpoints would contain a service, were this replica deciding.
+    link.spec.caps.max_endpoints_per_service = 5;
+    link.spec.quarantine.when.endpoints_per_service = 8;
+    add_link(&local, "east", &sim, link).await;
+    let client = local.client(NS).expect("client");
+    held_by_the_test(&client, "east").await;
+    let b = Replica::start(&local, "replica-b").await;
+    let consumer = b.consumer("east", &token("east")).await;
+    until(30, "b serves east", async || {
+        endpoints_of(&consumer, "injector").await == 2
+    })
+    .await;
+    // The injector floods past the threshold: b, not deciding, contains nothing.
+    cluster.scale("injector", 12, true);
+    until(30, "b follows the remote (capped)", async || {
+        endpoints_of(&consumer, "injector").await == 5
+    })
+    .await;
+    assert!(contained_on(b.admin).await.is_empty(), "b never decides");
+
+    let record = |v: serde_json::Value| record_status(&client, "containedServices", v);
+    record(
+        serde_json::json!({"count": 1, "first": [{"service": "prod/injector",
+        "reason": "EndpointsPerService", "since": "2026-01-01T00:00:00Z",
+        "message": "12 endpoints, over 8", "figures": {"endpoints": 12}}]}),
+    )
+    .await;
+    until(30, "b follows the recorded containment", async || {
+        contained_on(b.admin).await == ["prod/injector"]
+    })
+    .await;
+    // Contained: the injector's changes wait, web's flow.
+    cluster.scale("injector", 3, true);
+    cluster.scale("web", 4, true);
+    until(30, "web's change reaches b's view", async || {
+        endpoints_of(&consumer, "web").await == 4
+    })
+    .await;
+    assert_eq!(
+        endpoints_of(&consumer, "injector").await,
+        5,
+        "the contained service is frozen"
+    );
+    assert_eq!(lease_holder(&local, "east").as_deref(), Some("the-holder"));
+
+    // The holder releases it: b follows and converges.
+    record(serde_json::Value::Null).await;
+    until(30, "b follows the release and converges", async || {
+        endpoints_of(&consumer, "injector").await == 3
+    })
+    .await;
+    assert!(contained_on(b.admin).await.is_empty());
     b.stop().await;
 }

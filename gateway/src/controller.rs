@@ -91,6 +91,8 @@ struct Running {
     /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
     /// passes each change to the link, in order.
     deciding: watch::Sender<bool>,
+    /// Whether this run has followed the recorded containments once (a holder does only that).
+    followed_containment: bool,
     /// The link's service containment transitions not yet recorded as Events.
     transitions: tokio::sync::broadcast::Receiver<crate::churn::quarantine::Transition>,
 }
@@ -315,6 +317,7 @@ pub async fn serve(
             if let (Some(r), Some(state)) = (run, &state) {
                 decide_if_held(&name, r, holder);
                 follow_quarantine(&link, r, state, holder);
+                follow_containment(&link, r, state, holder);
                 record_containment(&recorder, &link, r, holder);
             }
             // A full queue skips this tick: the next carries the latest state.
@@ -397,6 +400,66 @@ fn follow_quarantine(link: &Link, r: &mut Running, state: &link::LinkState, hold
         };
         if let Err(e) = result {
             tracing::debug!(error = %e, "following the recorded quarantine");
+        }
+    });
+}
+
+/// Replicas follow the containments the holder recorded in status, as they follow its
+/// quarantine: a non-holder contains what the record names and releases what it no longer
+/// names (when the record names every contained service: status names the first
+/// [`floodgate_link_crd::ContainedServicesStatus::FIRST`]); the holder, whose engine decides, follows the record
+/// once when its run starts (a restart or a Lease move keeps the containments).
+fn follow_containment(link: &Link, r: &mut Running, state: &link::LinkState, holder: bool) {
+    let Some(status) = link.status.as_ref() else {
+        return;
+    };
+    if holder && r.followed_containment {
+        return;
+    }
+    r.followed_containment = true;
+    let recorded = status.contained_services.as_ref();
+    let named = recorded.map_or(&[][..], |c| &c.first[..]);
+    let complete = recorded.is_none_or(|c| usize::try_from(c.count) == Ok(c.first.len()));
+    let local: BTreeSet<String> = state
+        .contained
+        .iter()
+        .map(|c| c.service.to_string())
+        .collect();
+    let mut contain = Vec::new();
+    for c in named.iter().filter(|c| !local.contains(&c.service)) {
+        let (Some((ns, name)), Ok(reason)) = (c.service.split_once('/'), c.reason.parse()) else {
+            tracing::debug!(link = %link.name_any(), service = %c.service, reason = %c.reason, "a recorded containment this replica cannot read");
+            continue;
+        };
+        let message = format!("recorded in status by the Lease holder: {}", c.message);
+        let trigger = crate::churn::flood::Trigger::recorded(reason, message, c.figures.clone());
+        contain.push((crate::model::NsName::new(ns, name), trigger));
+    }
+    let release: Vec<crate::model::NsName> = if holder || !complete {
+        Vec::new()
+    } else {
+        state
+            .contained
+            .iter()
+            .filter(|c| !named.iter().any(|n| n.service == c.service.to_string()))
+            .map(|c| c.service.clone())
+            .collect()
+    };
+    if contain.is_empty() && release.is_empty() {
+        return;
+    }
+    let handle = r.handle.clone();
+    tokio::spawn(async move {
+        for (svc, trigger) in contain {
+            let _ = handle.follow_containment(svc, trigger).await;
+        }
+        for svc in release {
+            if let Err(e) = handle
+                .release_service(svc, "the Lease holder, as recorded in status")
+                .await
+            {
+                tracing::debug!(error = %e, "following the recorded containments");
+            }
         }
     });
 }
@@ -522,6 +585,7 @@ fn start(
             stop: stop_tx,
             followed: None,
             deciding,
+            followed_containment: false,
             transitions,
         },
     );

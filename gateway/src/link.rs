@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::churn::flood::Reason;
+use crate::churn::flood::{Reason, Trigger};
 use crate::churn::quarantine::{RequestError, State, StateName, Transition};
 use crate::churn::{Counters, Engine};
 use crate::kubeapi::ApiStore;
@@ -131,6 +131,8 @@ pub struct ContainedService {
 pub enum Command {
     /// Release a quarantined link; the string says who asked.
     Release(String, oneshot::Sender<Result<Transition, RequestError>>),
+    /// Contain a service the Lease holder recorded contained.
+    FollowContainment(NsName, Trigger),
     /// Release a contained service; the string says who asked.
     ReleaseService(
         NsName,
@@ -216,6 +218,15 @@ impl LinkHandle {
         rx.await
             .map_err(|_| LinkError::Stopped)?
             .map_err(LinkError::Refused)
+    }
+
+    /// Contains `svc` as the Lease holder recorded it (no answer: following is best effort,
+    /// and the next status tick tries again).
+    pub async fn follow_containment(&self, svc: NsName, trigger: Trigger) -> Result<(), LinkError> {
+        self.commands
+            .send(Command::FollowContainment(svc, trigger))
+            .await
+            .map_err(|_| LinkError::Stopped)
     }
 
     /// Makes the link act on the floods it measures (`true`: it holds the link's Lease, or runs

@@ -124,6 +124,10 @@ pub(super) async fn run(
                     Command::ReleaseService(svc, by, reply) => {
                         (engine.release_service(&svc, now, &by), reply)
                     }
+                    Command::FollowContainment(svc, trigger) => {
+                        engine.follow_containment(&svc, now, trigger);
+                        continue;
+                    }
                     Command::SetDeciding(deciding) => {
                         engine.set_deciding(deciding);
                         continue;
