@@ -403,6 +403,103 @@ async fn s1_an_exported_flood_is_contained_while_calm_services_flow() {
     );
 }
 
+/// Cold start during a flood: Floodgate starts while 10,000 pods behind an exported service
+/// already crash-loop. It is ready within 10 s, every calm service is served, the flooding one
+/// is served capped and then contained, and a consumer's streaming-list informer syncs within
+/// 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floodgate_started_during_a_flood_syncs_and_contains_the_flooder() {
+    let store = Arc::new(SimStore::new(45, 10_000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    let calm = ["web", "api", "billing"];
+    for svc in calm {
+        cluster.add_service(svc, true);
+        cluster.scale(svc, 3, true);
+    }
+    cluster.add_service("injector", true);
+    cluster.scale("injector", 10_000, false);
+    // The flood runs before Floodgate starts and all along: 1,000 flips per 100 ms.
+    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    let (steps_tx, mut steps) = tokio::sync::watch::channel(0u64);
+    let flood = tokio::spawn(async move {
+        let mut n = 0;
+        loop {
+            cluster.crash_loop_step("injector", 1000);
+            n += 1;
+            steps_tx.send_replace(n);
+            tokio::select! {
+                _ = stop.changed() => return cluster,
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    });
+    steps.wait_for(|n| *n >= 10).await.expect("the flood runs");
+
+    let mut spec = Stack::default_spec();
+    spec.caps.max_endpoints_per_service = 100;
+    spec.quarantine.when.sustained_for = KubeDuration::from_secs(2);
+    let started = tokio::time::Instant::now();
+    let stack = Stack::start(store, spec).await.expect("stack");
+    let ready = started.elapsed();
+    assert!(ready <= Duration::from_secs(10), "ready after {ready:?}");
+
+    let through = stack.consumer().await.expect("client");
+    let informer_started = tokio::time::Instant::now();
+    let mut informer = watcher::watcher(
+        Api::<EndpointSlice>::all(through.clone()),
+        watcher::Config::default().streaming_lists(),
+    )
+    .boxed();
+    let synced = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match informer.next().await {
+                Some(Ok(watcher::Event::InitDone)) => return,
+                Some(_) => {}
+                None => panic!("the informer's stream ended"),
+            }
+        }
+    })
+    .await;
+    let informer_synced = informer_started.elapsed();
+    assert!(
+        synced.is_ok(),
+        "the streaming-list informer synced within 5 s"
+    );
+
+    let slices: Api<EndpointSlice> = Api::namespaced(through, "prod");
+    for svc in calm {
+        let s = slices
+            .get(&format!("{svc}-00000"))
+            .await
+            .expect("calm slice");
+        assert_eq!(addresses(&s).len(), 3, "{svc} is served whole");
+    }
+    let link = stack
+        .wait_link("the injector contained", Duration::from_secs(20), |s| {
+            !s.contained.is_empty()
+        })
+        .await
+        .expect("contained");
+    let names: Vec<String> = link
+        .contained
+        .iter()
+        .map(|c| c.service.to_string())
+        .collect();
+    assert_eq!(names, ["prod/injector"]);
+    assert_ne!(link.phase, Phase::Quarantined, "{link:?}");
+    let injector: usize = injector_served(&stack).iter().map(|(_, a)| a.len()).sum();
+    assert!(
+        (1..=100).contains(&injector),
+        "the flooder is served capped: {injector} endpoints"
+    );
+    stop_tx.send_replace(true);
+    let _cluster = flood.await.expect("the flood task");
+    eprintln!(
+        "cold start during a flood: ready after {ready:?}; streaming-list informer synced in {informer_synced:?}; injector contained ({}), {injector} endpoints served",
+        link.contained[0].reason
+    );
+}
+
 /// S2: 50 consumers restarting 10 times each cost the remote nothing beyond the link's own
 /// LIST+WATCH per resource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

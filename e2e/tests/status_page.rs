@@ -166,6 +166,12 @@ async fn the_status_page_releases_a_quarantined_link_and_a_contained_service_in_
     // A service grows past the threshold: contained, it shows under its link.
     cluster.add_service("injector", true);
     cluster.scale("injector", 12, true);
+    stack
+        .wait_link("the injector contained", Duration::from_secs(20), |s| {
+            !s.contained.is_empty()
+        })
+        .await
+        .expect("contained");
     let contained = r#"tr.contained[data-service="prod/injector"]"#;
     wait_text(&c, &format!("{contained} .phase"), "Contained").await;
     let text = text_of(&c, contained).await.unwrap_or_default();

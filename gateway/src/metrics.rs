@@ -14,6 +14,8 @@
 //! | `floodgate_endpoints_truncated` | gauge | |
 //! | `floodgate_services` / `floodgate_services_withheld` | gauge | |
 //! | `floodgate_upstream_objects` | gauge | |
+//! | `floodgate_upstream_objects_by_resource` | gauge | `resource` |
+//! | `floodgate_view_bytes` | gauge | |
 //! | `floodgate_upstream_events_last_second` | gauge | |
 //! | `floodgate_link_synced` | gauge (0/1) | |
 //! | `floodgate_link_quarantined` | gauge (0/1) | |
@@ -95,6 +97,7 @@ struct Sample {
     state: LinkState,
     watchers: u64,
     discarded: u64,
+    view_bytes: u64,
 }
 
 fn counter(
@@ -134,6 +137,7 @@ impl LinkCollector {
                 state: l.handle.state.borrow().clone(),
                 watchers: l.api.open_watches() as u64,
                 discarded: l.api.counters.snapshot().events_discarded,
+                view_bytes: l.handle.view.json_bytes() as u64,
             })
             .collect()
     }
@@ -226,6 +230,25 @@ impl Collector for LinkCollector {
             "upstream_objects",
             "Upstream objects the link holds.",
             per_link(|s| s.state.objects_held as u64),
+        )?;
+        gauge(
+            &mut enc,
+            "upstream_objects_by_resource",
+            "Upstream objects the link holds, by resource.",
+            samples.iter().flat_map(|s| {
+                s.state.objects_by_kind.iter().map(move |(k, v)| {
+                    (
+                        vec![("link", s.name.clone()), ("resource", (*k).to_owned())],
+                        *v as u64,
+                    )
+                })
+            }),
+        )?;
+        gauge(
+            &mut enc,
+            "view_bytes",
+            "JSON bytes of the objects the link serves (each held once).",
+            per_link(|s| s.view_bytes),
         )?;
         gauge(
             &mut enc,

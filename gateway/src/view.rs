@@ -145,6 +145,8 @@ struct State {
     base: u64,
     counter: u64,
     objects: HashMap<Kind, BTreeMap<NsName, Arc<Stored>>>,
+    /// The JSON bytes of the objects in `objects` (what a full LIST of every kind serves).
+    json_bytes: usize,
     /// Changes for resumption, each with the instant it was published.
     history: VecDeque<(Instant, Event)>,
     history_cap: usize,
@@ -185,6 +187,7 @@ impl View {
                 base,
                 counter: 0,
                 objects: HashMap::new(),
+                json_bytes: 0,
                 history: VecDeque::new(),
                 history_cap: history_cap.max(1),
                 tx,
@@ -234,9 +237,11 @@ impl View {
             };
             s.counter += 1;
             let rv = s.base | (s.counter & COUNTER_MASK);
+            s.json_bytes -= old.as_ref().map_or(0, |o| o.json.len());
             let stored = match new {
                 Some(o) => {
                     let stored = Arc::new(Stored::new(o, rv));
+                    s.json_bytes += stored.json.len();
                     s.objects
                         .entry(key.kind)
                         .or_default()
@@ -278,6 +283,12 @@ impl View {
     /// One object.
     pub fn get(&self, key: &ObjKey) -> Option<Arc<Stored>> {
         self.read().objects.get(&key.kind)?.get(&key.id).cloned()
+    }
+
+    /// The JSON bytes of every object served (each object's own encoding; the view holds it
+    /// once, shared by lists, watch frames and history).
+    pub fn json_bytes(&self) -> usize {
+        self.read().json_bytes
     }
 
     /// Number of objects of a kind.
@@ -412,6 +423,31 @@ mod tests {
             json["metadata"]["resourceVersion"],
             e2[0].resource_version.to_string()
         );
+    }
+
+    #[test]
+    fn json_bytes_follow_what_is_served() {
+        let view = View::new(7, 100);
+        assert_eq!(view.json_bytes(), 0);
+        view.apply([
+            Change::Upsert(mk_service("a", "1")),
+            Change::Upsert(mk_service("b", "1")),
+        ]);
+        let sum = |v: &View| -> usize {
+            v.list(Kind::Service)
+                .items
+                .iter()
+                .map(|s| s.json.len())
+                .sum()
+        };
+        assert_eq!(view.json_bytes(), sum(&view));
+        view.apply([Change::Upsert(mk_service("a", "a longer label"))]);
+        assert_eq!(view.json_bytes(), sum(&view));
+        view.apply([
+            Change::Delete(mk_service("a", "").key()),
+            Change::Delete(mk_service("b", "").key()),
+        ]);
+        assert_eq!(view.json_bytes(), 0);
     }
 
     #[test]

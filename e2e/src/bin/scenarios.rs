@@ -4,6 +4,8 @@
 //!   service that is not exported, then behind an exported one, while calm exported services
 //!   change now and then. Two identical consumers watch, one straight from kube-sim and one
 //!   through Floodgate ([`floodgate_e2e::flood`]); memory is each process's own VmHWM.
+//! - **Calm**: the same rig with no flood at all: how much a calm change's delay through
+//!   Floodgate adds to the direct consumer's.
 //! - **S2 restart herd** (incident 1): 50 consumer processes restart 10 times each, straight
 //!   against kube-sim and then through Floodgate; kube-sim counts the requests it serves.
 //!
@@ -43,6 +45,16 @@ struct Args {
     /// Cargo's target directory (default: the one this binary was built in).
     #[arg(long)]
     target_dir: Option<PathBuf>,
+    /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, s2); the
+    /// report then holds their figures only.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+impl Args {
+    fn runs(&self, scenario: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == scenario)
+    }
 }
 
 /// Prints a line every five seconds.
@@ -71,6 +83,35 @@ impl Reporter for Progress {
     }
 
     async fn done(&mut self, _: &Outcome) {}
+}
+
+/// No flood: the bad Deployment keeps its 3 ready pods; only the calm services change.
+fn calm_plan(args: &Args) -> Plan {
+    Plan {
+        pods: 3,
+        flips_per_sec: 0,
+        flood: 10,
+        release: false,
+        ..s1_plan(args, true)
+    }
+}
+
+fn calm_figures(o: &Outcome, out: &mut Vec<Figure>) {
+    let (direct, via) = (
+        percentile(&o.direct_staleness_ms, 0.5),
+        percentile(&o.via_staleness_ms, 0.5),
+    );
+    out.push(Figure {
+        what: format!(
+            "Calm: a change's delay with no flood, p50 ({} changes)",
+            o.via_staleness_ms.len()
+        ),
+        direct: format!("{direct} ms"),
+        floodgate: format!("{via} ms"),
+        ratio: format!("+{} ms", via.saturating_sub(direct)),
+        target: "within 20 ms of direct".into(),
+        met: Some(via <= direct + 20 && o.via_missed == 0),
+    });
 }
 
 fn s1_plan(args: &Args, exported: bool) -> Plan {
@@ -387,59 +428,13 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&out)?;
     let work = tempfile::tempdir()?;
 
-    let hidden_dir = work.path().join("s1-hidden");
-    let exported_dir = work.path().join("s1-exported");
-    let herd_dir = work.path().join("s2");
-    for d in [&hidden_dir, &exported_dir, &herd_dir] {
-        std::fs::create_dir_all(d)?;
-    }
-    let hidden = flood::run(
-        &hidden_dir,
-        &s1_plan(&args, false),
-        &mut Progress("S1 hidden"),
-    )
-    .await?;
-    let exported = flood::run(
-        &exported_dir,
-        &s1_plan(&args, true),
-        &mut Progress("S1 exported"),
-    )
-    .await?;
-    println!(
-        "S2: {} consumers x {} restarts",
-        args.consumers, args.restarts
-    );
-    let herd = herd::run(&herd_dir, args.consumers, args.restarts, default_spec()).await?;
-
+    let dir = |name: &str| -> anyhow::Result<PathBuf> {
+        let d = work.path().join(name);
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    };
     let mut figures = Vec::new();
-    s1_figures(
-        "(flood behind a service that is not exported)",
-        &hidden,
-        &mut figures,
-    );
-    s1_figures(
-        "(flood behind an exported service)",
-        &exported,
-        &mut figures,
-    );
-    figures.push(Figure {
-        what: format!(
-            "S2: upstream requests caused by {} consumers restarting {} times",
-            args.consumers, args.restarts
-        ),
-        direct: herd.direct_requests.to_string(),
-        floodgate: format!(
-            "{} (Floodgate's own start: {})",
-            herd.via_requests, herd.floodgate_own_requests
-        ),
-        ratio: String::new(),
-        target: "0 (one LIST+WATCH per resource per link)".into(),
-        met: Some(herd.via_requests == 0),
-    });
-    engine_figures(&target, &mut figures);
-    facade_figures(&target, &mut figures);
-
-    let machine = machine();
+    let mut report = json!({ "s1": {"pods": args.pods, "flips_per_sec": args.flips_per_sec} });
     let strip = |o: &Outcome| {
         let mut v = serde_json::to_value(o).unwrap_or_default();
         if let Some(samples) = v.as_object_mut().and_then(|m| m.remove("samples")) {
@@ -447,16 +442,58 @@ async fn main() -> anyhow::Result<()> {
         }
         v
     };
-    let report = json!({
-        "machine": machine,
-        "figures": figures.iter().map(Figure::json).collect::<Vec<_>>(),
-        "s1": {"pods": args.pods, "flips_per_sec": args.flips_per_sec,
-               "hidden": strip(&hidden), "exported": strip(&exported)},
-        "s2": {"consumers": args.consumers, "restarts": args.restarts,
+    if args.runs("s1-hidden") {
+        let plan = s1_plan(&args, false);
+        let o = flood::run(&dir("s1-hidden")?, &plan, &mut Progress("S1 hidden")).await?;
+        s1_figures(
+            "(flood behind a service that is not exported)",
+            &o,
+            &mut figures,
+        );
+        report["s1"]["hidden"] = strip(&o);
+    }
+    if args.runs("s1-exported") {
+        let plan = s1_plan(&args, true);
+        let o = flood::run(&dir("s1-exported")?, &plan, &mut Progress("S1 exported")).await?;
+        s1_figures("(flood behind an exported service)", &o, &mut figures);
+        report["s1"]["exported"] = strip(&o);
+    }
+    if args.runs("calm") {
+        let o = flood::run(&dir("calm")?, &calm_plan(&args), &mut Progress("calm")).await?;
+        calm_figures(&o, &mut figures);
+        report["calm"] = strip(&o);
+    }
+    if args.runs("s2") {
+        println!(
+            "S2: {} consumers x {} restarts",
+            args.consumers, args.restarts
+        );
+        let herd = herd::run(&dir("s2")?, args.consumers, args.restarts, default_spec()).await?;
+        figures.push(Figure {
+            what: format!(
+                "S2: upstream requests caused by {} consumers restarting {} times",
+                args.consumers, args.restarts
+            ),
+            direct: herd.direct_requests.to_string(),
+            floodgate: format!(
+                "{} (Floodgate's own start: {})",
+                herd.via_requests, herd.floodgate_own_requests
+            ),
+            ratio: String::new(),
+            target: "0 (one LIST+WATCH per resource per link)".into(),
+            met: Some(herd.via_requests == 0),
+        });
+        report["s2"] = json!({"consumers": args.consumers, "restarts": args.restarts,
                "direct_requests": herd.direct_requests, "via_requests": herd.via_requests,
                "floodgate_own_requests": herd.floodgate_own_requests,
-               "direct_secs": herd.direct_secs, "via_secs": herd.via_secs},
-    });
+               "direct_secs": herd.direct_secs, "via_secs": herd.via_secs});
+    }
+    engine_figures(&target, &mut figures);
+    facade_figures(&target, &mut figures);
+
+    let machine = machine();
+    report["machine"] = machine.clone();
+    report["figures"] = figures.iter().map(Figure::json).collect();
     std::fs::write(
         out.join("report.json"),
         serde_json::to_string_pretty(&report)?,

@@ -24,7 +24,9 @@ pub fn wall_clock(at: Instant, now: Instant, wall_now: SystemTime) -> Option<Str
 /// `GET /links/{name}`'s body.
 pub fn describe(link: &Entry) -> Value {
     let state = link.handle.state.borrow().clone();
-    describe_state(link.name(), &state, Some(&link.api))
+    let mut v = describe_state(link.name(), &state, Some(&link.api));
+    v["counters"]["viewBytes"] = link.handle.view.json_bytes().into();
+    v
 }
 
 /// The body for a link's state (apart from the handle, for tests).
@@ -76,6 +78,7 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "discardedWrites": facade.events_discarded,
         },
         "contained": contained(s, now, wall_now),
+        "objectsHeldByResource": s.objects_by_kind,
         "upstreamEventsByResource": s.upstream_events_by_kind,
     })
 }

@@ -200,6 +200,10 @@ async fn links_are_listed_and_described() {
         "{east}"
     );
     assert_eq!(east["upstreamEventsByResource"]["Service"], 1);
+    assert_eq!(east["objectsHeldByResource"]["Service"], 1, "{east}");
+    let bytes = f.links[0].view.json_bytes() as u64;
+    assert!(bytes > 0);
+    assert_eq!(east["counters"]["viewBytes"], bytes, "{east}");
     let (_, west) = call_json(&f.router, "GET", "/links/west", None, "").await;
     assert_eq!(west["phase"], "Degraded");
     assert!(
@@ -508,6 +512,7 @@ async fn metrics_parse_and_follow_the_links() {
         "floodgate_upstream_forced_relists_total",
         "floodgate_upstream_oversized_total",
         "floodgate_upstream_pods_skipped_total",
+        "floodgate_view_bytes",
         "floodgate_discarded_writes_total",
     ] {
         assert!(value(name, &east) >= 0.0, "{name}");
