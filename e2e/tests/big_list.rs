@@ -99,8 +99,12 @@ async fn relist_all(
         mib(rss),
         mib(peak)
     );
-    let state = fg.link_state().await;
-    assert_eq!(state["phase"], "Healthy", "{state}");
+    // The outage marked the remote unreachable; it is Healthy again once no watcher has
+    // failed for a while (`floodgate::upstream::health::QUIET`).
+    until(30, "the link is Healthy again", async || {
+        fg.link_state().await["phase"] == "Healthy"
+    })
+    .await;
     assert!(
         mib(peak) < limit_mib as f64,
         "{what}: floodgate's peak {:.1} MiB is under {limit_mib} MiB",

@@ -32,12 +32,13 @@ impl Reporter for Record {
 fn spec() -> LinkSpec {
     let mut spec = LinkSpec::with_remote(RemoteSpec::default());
     spec.quarantine.when.events_per_second = 200;
+    spec.quarantine.when.service_events_per_second = 100;
     spec.quarantine.when.sustained_for = KubeDuration::from_secs(2);
     spec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exported_flood_is_quarantined_released_and_costs_the_consumer_less() {
+async fn an_exported_flood_is_contained_released_and_costs_the_consumer_less() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plan = Plan {
         pods: 1_500,
@@ -55,19 +56,21 @@ async fn an_exported_flood_is_quarantined_released_and_costs_the_consumer_less()
         .expect("the run completes");
     assert!(record.done && record.status_page.starts_with("http://127.0.0.1:"));
     assert_eq!(record.samples.len(), o.samples.len());
-    assert!(
-        o.quarantined_after_s.is_some(),
-        "quarantined: {:?}",
-        o.samples
-    );
+    assert_eq!(o.contained, ["prod/injector"], "contained: {:?}", o.samples);
+    assert!(o.contained_after_s.is_some());
+    assert_eq!(o.quarantined_after_s, None, "the link is not quarantined");
     assert!(
         o.converged_after_release_s.is_some(),
-        "converged after the release"
+        "converged after the service's release"
     );
     assert_eq!(o.final_phase, "Healthy");
     assert!(
-        o.samples.iter().any(|s| s.phase == "Quarantined"),
-        "the table shows the quarantine"
+        o.samples.iter().any(|s| s.contained == 1),
+        "the table shows the containment"
+    );
+    assert!(
+        o.samples.iter().any(|s| s.via_calm_ms.is_some()),
+        "the table shows calm delays through Floodgate"
     );
     // The direct consumer saw at least every pod created; the one behind Floodgate far fewer.
     assert!(o.direct_events >= 1_500, "{}", o.direct_events);
@@ -80,9 +83,10 @@ async fn an_exported_flood_is_quarantined_released_and_costs_the_consumer_less()
     assert!(o.upstream_events >= o.direct_events / 2);
     // Memory was read from the processes.
     assert!(o.direct_peak_kib > 1024 && o.via_peak_kib > 1024 && o.floodgate_peak_kib > 1024);
-    // Calm changes made before the quarantine reached both consumers.
+    // Every calm change reached both consumers, during the flood too.
     assert!(!o.direct_staleness_ms.is_empty());
     assert!(!o.via_staleness_ms.is_empty(), "{o:?}");
+    assert_eq!(o.via_missed, 0, "{o:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

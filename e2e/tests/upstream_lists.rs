@@ -53,7 +53,11 @@ async fn syncs_and_follows(refusing: bool) {
         assert_eq!(lists, 0, "streaming: no LIST reached the remote");
     }
     let view = stack.floodgate.links[0].view.clone();
-    assert!(pod_ip(&view, "web-0").is_some(), "the pod is served");
+    assert!(
+        pod_ip(&view, "web-0").is_some(),
+        "the pod is served at sync: {:?}",
+        stack.link()
+    );
 
     cluster.roll_pod("web", 0);
     let ip = pod_ip(store.view(), "web-0").expect("the remote's pod");

@@ -332,9 +332,10 @@ impl Engine {
                     }
                 }
                 self.sync.synced.insert(kind);
-                if matches!(kind, Kind::EndpointSlice | Kind::Endpoints) {
-                    // The upstream lists pods after slices and Endpoints: know which pods the
-                    // selections will want before they come (contained services keep theirs).
+                if matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints) {
+                    // The upstream lists pods after Services, slices and Endpoints: know which
+                    // pods the selections will want before they come (contained services keep
+                    // theirs).
                     for g in self.store.groups() {
                         if !matches!(&g, Group::Service(svc) if self.containment.holds(svc)) {
                             self.publisher.preselect(&g, &mut self.store);

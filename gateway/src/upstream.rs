@@ -291,21 +291,42 @@ pub fn selector_string(sel: &LabelSelector) -> String {
 pub struct Upstream {
     /// Held for their lifetime: dropping the set aborts every watcher.
     _tasks: JoinSet<()>,
+    /// Opens the pod watcher ([`Upstream::listed`]).
+    pods_gate: Arc<tokio::sync::Semaphore>,
+    /// The kinds whose first list the engine has taken in.
+    listed: std::sync::Mutex<Vec<Kind>>,
 }
 
-/// The watchers whose first list opens the pod watcher.
-const ENDPOINT_KINDS: u32 = 2;
+impl Upstream {
+    /// The engine has taken in `kind`'s first list (and so knows which pods the selections
+    /// want, `WantedPods` being filled before this returns): once Services, EndpointSlices
+    /// and Endpoints are in, the pod watcher starts. The engine, not the watchers, opens it:
+    /// a watcher's list end may wait in the queue while the pod list streams past.
+    pub fn listed(&self, kind: Kind) {
+        if !OPENING_KINDS.contains(&kind) {
+            return;
+        }
+        let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+        if !listed.contains(&kind) {
+            listed.push(kind);
+            self.pods_gate.add_permits(1);
+        }
+    }
+}
 
-/// Start-up order between watchers. Pods are listed after the EndpointSlices and Endpoints
-/// that point at them, so the engine, which keeps only pods something points at, keeps them
+/// The kinds whose first list opens the pod watcher: Services (a slice's service must be
+/// known to be selected), EndpointSlices and Endpoints.
+const OPENING_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Endpoints];
+
+/// Start-up order between watchers. Pods are listed after the Services, EndpointSlices and
+/// Endpoints that point at them, so the engine, which keeps only pods something points at, keeps them
 /// from the first sync on (and does not have to fetch them one by one).
 #[derive(Clone)]
 enum Gate {
     /// Starts at once.
     Open,
-    /// Starts at once; its first complete list adds one permit.
-    Opens(Arc<tokio::sync::Semaphore>),
-    /// Waits for both endpoint watchers' first lists (one watcher only: it takes the permits).
+    /// Waits for the first lists of the watchers that open it (one watcher only: it takes the
+    /// permits).
     After(Arc<tokio::sync::Semaphore>),
 }
 
@@ -322,7 +343,7 @@ pub fn start(
     let c = &remote.client;
     let all = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
     let labelled = all.clone().labels(&remote.selector);
-    let lists = Arc::new(tokio::sync::Semaphore::new(0));
+    let pods_gate = Arc::new(tokio::sync::Semaphore::new(0));
     let w = Watch {
         generation,
         tx: &tx,
@@ -349,7 +370,7 @@ pub fn start(
             move |w| watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w)
         },
         |s| typed(s, |s| Object::EndpointSlice(Arc::new(s))),
-        Gate::Opens(lists.clone()),
+        Gate::Open,
         None,
     );
     w.spawn(
@@ -361,7 +382,7 @@ pub fn start(
             move |w| watcher::watcher(Api::<Endpoints>::all(c.clone()), w)
         },
         |s| typed(s, |s| Object::Endpoints(Arc::new(s))),
-        Gate::Opens(lists.clone()),
+        Gate::Open,
         None,
     );
     w.spawn(
@@ -373,7 +394,7 @@ pub fn start(
             move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w)
         },
         |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p)))),
-        Gate::After(lists),
+        Gate::After(pods_gate.clone()),
         Some(wanted),
     );
     w.spawn(
@@ -418,7 +439,11 @@ pub fn start(
         c.clone(),
         counters.clone(),
     )));
-    Upstream { _tasks: tasks }
+    Upstream {
+        _tasks: tasks,
+        pods_gate,
+        listed: std::sync::Mutex::new(Vec::new()),
+    }
 }
 
 /// What every watcher of one upstream run shares.
@@ -454,7 +479,7 @@ impl Watch<'_> {
         tasks.spawn(tracing::Instrument::instrument(async move {
             if let Gate::After(g) = &gate {
                 // Closed only when the upstream is dropped, and then this task is aborted too.
-                if let Ok(p) = g.acquire_many(ENDPOINT_KINDS).await {
+                if let Ok(p) = g.acquire_many(OPENING_KINDS.len() as u32).await {
                     p.forget();
                 }
             }
@@ -477,7 +502,6 @@ impl Watch<'_> {
             };
             let mut stream = start(strategy);
             let mut listed_once = false;
-            let mut opened = false;
             let mut relist_in = FORCED_RELIST_BACKOFF.0;
             while let Some(item) = stream.next().await {
                 let change = match item {
@@ -506,10 +530,6 @@ impl Watch<'_> {
                     Ok(Event::InitDone) => {
                         relist_in = FORCED_RELIST_BACKOFF.0;
                         listed_once = true;
-                        if let (Gate::Opens(g), false) = (&gate, opened) {
-                            opened = true;
-                            g.add_permits(1);
-                        }
                         Change::InitDone(kind)
                     }
                     Ok(Event::Delete(o)) => {

@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE, link_state};
 use crate::churn::quarantine::{State, Transition};
-use crate::churn::{Effect, Engine};
+use crate::churn::{Change, Effect, Engine};
 use crate::model::Kind;
 use crate::persist::LinkDir;
 use crate::persist::contained::ContainedSnapshot;
@@ -162,11 +162,13 @@ pub(super) async fn run(
             Some(msg) = rx.recv() => {
                 let now = Instant::now();
                 if msg.generation == generation {
-                    engine.ingest(msg.change, now);
+                    take(&mut engine, upstream.as_ref(), msg.change, now);
                 }
                 for _ in 0..BATCH {
                     match rx.try_recv() {
-                        Ok(m) if m.generation == generation => engine.ingest(m.change, now),
+                        Ok(m) if m.generation == generation => {
+                            take(&mut engine, upstream.as_ref(), m.change, now);
+                        }
                         Ok(_) => {}
                         Err(_) => break,
                     }
@@ -246,6 +248,18 @@ pub(super) async fn run(
     drop(upstream);
     fetches.abort_all();
     tracing::info!("link stopped");
+}
+
+/// Ingests one upstream change; a first list's end, once taken in, may open the pod watcher.
+fn take(engine: &mut Engine, upstream: Option<&Upstream>, change: Change, now: Instant) {
+    let done = match &change {
+        Change::InitDone(kind) => Some(*kind),
+        _ => None,
+    };
+    engine.ingest(change, now);
+    if let (Some(kind), Some(u)) = (done, upstream) {
+        u.listed(kind);
+    }
 }
 
 /// The transitions a link has made since it started.
