@@ -360,8 +360,12 @@ async fn drive(
                 v.pods
             );
         }
-        if plan.release && tick == release_at {
-            if phase == "Quarantined" {
+        // The operator releases at `release_at`, and again every 2 s while something is still
+        // contained: Floodgate may still be taking in the fix (the deletion of a large
+        // Deployment's pods), see the service over a threshold and contain it again.
+        let retry = tick > release_at && (tick - release_at).is_multiple_of(2 * ticks_per_sec);
+        if plan.release && (tick == release_at || retry) {
+            if phase == "Quarantined" && tick == release_at {
                 let (code, body) = rig.floodgate.admin_post("release").await?;
                 anyhow::ensure!(code == 200, "release answered {code}: {body}");
                 released_at = Some(tick);
