@@ -72,6 +72,17 @@ impl Cluster {
         }
     }
 
+    /// A cluster of namespace `prod` in `store` with exported `services`, `pods` ready pods
+    /// each (the common remote of the scenario tests).
+    pub fn exported(store: Arc<SimStore>, services: &[&str], pods: usize) -> Self {
+        let mut cluster = Self::new(store, "prod");
+        for svc in services {
+            cluster.add_service(svc, true);
+            cluster.scale(svc, pods, true);
+        }
+        cluster
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<SimStore> {
         &self.store

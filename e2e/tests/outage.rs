@@ -67,11 +67,7 @@ fn contains(json: &[u8], needle: &str) -> bool {
 async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
     use floodgate::kubeapi::status::{Reason, StatusError};
     let store = Arc::new(SimStore::new(45, 10_000));
-    let mut cluster = Cluster::new(store.clone(), "prod");
-    for svc in ["web", "api"] {
-        cluster.add_service(svc, true);
-        cluster.scale(svc, 3, true);
-    }
+    let mut cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
     let stack = Stack::start(store.clone(), Stack::default_spec())
         .await
         .expect("stack");
@@ -305,11 +301,7 @@ async fn reqwest_lite(addr: std::net::SocketAddr, path: &str) -> String {
 async fn a_dead_remote_is_degraded_and_back_quickly(outage: Duration) {
     use floodgate_e2e::chaos::ChaosStack;
     let store = Arc::new(SimStore::new(48, 10_000));
-    let mut cluster = Cluster::new(store.clone(), "prod");
-    for svc in ["web", "api"] {
-        cluster.add_service(svc, true);
-        cluster.scale(svc, 3, true);
-    }
+    let mut cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
     let stack = ChaosStack::start(store.clone(), Stack::default_spec())
         .await
         .expect("stack");

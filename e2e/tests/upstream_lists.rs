@@ -28,11 +28,7 @@ async fn syncs_and_follows(refusing: bool) {
     let store = Arc::new(SimStore::new(47, 10_000));
     store.set_refuse_streaming_lists(refusing);
     store.set_ignore_limit(refusing);
-    let mut cluster = Cluster::new(store.clone(), "prod");
-    for svc in ["web", "api"] {
-        cluster.add_service(svc, true);
-        cluster.scale(svc, 3, true);
-    }
+    let mut cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
     let stack = Stack::start(store.clone(), Stack::default_spec())
         .await
         .expect("the link syncs");
