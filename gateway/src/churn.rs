@@ -437,7 +437,7 @@ impl Engine {
             } else {
                 link_counts = true;
             }
-            if self.schedule.mark(&g, now) {
+            if self.schedule.mark(&g, Some(key.kind), now) {
                 self.ingested.coalesced += 1;
             }
         }
@@ -555,7 +555,7 @@ impl Engine {
             return Err(RequestError::UnknownService);
         }
         let t = self.containment.release(svc, by)?;
-        self.schedule.mark(&g, now);
+        self.schedule.mark(&g, None, now);
         self.effects.push(Effect::Transition(t.clone()));
         Ok(t)
     }
@@ -581,7 +581,7 @@ impl Engine {
                 if t.to == StateName::Active
                     && let Some(svc) = &t.service
                 {
-                    self.schedule.mark(&Group::Service(svc.clone()), now);
+                    self.schedule.mark(&Group::Service(svc.clone()), None, now);
                 }
                 self.effects.push(Effect::Transition(t));
             }
@@ -606,7 +606,7 @@ impl Engine {
             let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
             all.extend(self.publisher.published_groups().cloned());
             for g in all {
-                self.schedule.mark(&g, now);
+                self.schedule.mark(&g, None, now);
             }
         }
         self.schedule.promote(now);

@@ -1,7 +1,11 @@
 //! When groups publish. A change to a group that has been quiet for `coalesce.quiet` gets in
-//! line at once (the leading edge: a calm service's change costs no window); a change that
-//! follows another within `quiet` coalesces until the group is quiet again, never longer than
-//! `coalesce.max` after its first change. The line is served round robin while the link's and
+//! line at once (the leading edge: a calm service's change costs no window); so does the first
+//! change of each other kind in the same window, because one rollout touches a Pod and its
+//! EndpointSlice, which arrive on two watches within milliseconds of each other, and counting
+//! the second as a burst would delay every calm rollout by `quiet`. A further change of a kind
+//! already seen within `quiet` is a burst: it coalesces until the group is quiet again, never
+//! longer than `coalesce.max` after its first change. So a window publishes at most once per
+//! kind at its leading edge, plus once per `max`. The line is served round robin while the link's and
 //! the group's GCRA buckets have tokens; a group whose own bucket is empty is parked until its
 //! token is due.
 //!
@@ -17,7 +21,7 @@ use floodgate_link_crd::LinkSpec;
 use tokio::time::Instant;
 
 use super::limit::{Budget, FedClock, Limiter};
-use crate::model::Group;
+use crate::model::{Group, Kind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
@@ -33,6 +37,17 @@ struct Sched {
     bucket: Limiter<FedClock>,
     /// The group's last change: a change after `quiet` of silence publishes at once.
     last_change: Option<Instant>,
+    /// The kinds that changed since the group was last quiet (bits of `kind_bit`).
+    kinds: u8,
+}
+
+/// A change's bit in `Sched::kinds`; changes that are no object's (a release, a republish
+/// after a quarantine) have their own.
+fn kind_bit(kind: Option<Kind>) -> u8 {
+    match kind {
+        Some(k) => 1 << (k as u8),
+        None => 1 << 7,
+    }
 }
 
 /// The publication schedule of one link.
@@ -93,19 +108,26 @@ impl Scheduler {
         self.groups.len()
     }
 
-    /// A change to `g` at `now`. Returns true when it was absorbed into a publication already
-    /// pending (coalesced).
-    pub fn mark(&mut self, g: &Group, now: Instant) -> bool {
+    /// A change to `g` at `now`, of an object of `kind` (`None`: no object's, such as a
+    /// release). Returns true when it was absorbed into a publication already pending
+    /// (coalesced).
+    pub fn mark(&mut self, g: &Group, kind: Option<Kind>, now: Instant) -> bool {
         let budget = &self.budget;
         let st = self.groups.entry(g.clone()).or_insert_with(|| Sched {
             slot: Slot::Idle,
             bucket: budget.service_bucket(),
             last_change: None,
+            kinds: 0,
         });
-        let quiet_before = st.last_change.is_none_or(|t| now >= t + self.quiet);
+        if st.last_change.is_none_or(|t| now >= t + self.quiet) {
+            st.kinds = 0;
+        }
+        let bit = kind_bit(kind);
+        let leading = st.kinds & bit == 0;
+        st.kinds |= bit;
         st.last_change = Some(now);
         match &mut st.slot {
-            Slot::Idle if quiet_before => {
+            Slot::Idle if leading => {
                 st.slot = Slot::Ready;
                 self.ready.push_back(g.clone());
                 self.queued += 1;
@@ -119,6 +141,14 @@ impl Scheduler {
                 self.due.push(Reverse((now + self.quiet, g.clone())));
                 self.queued += 1;
                 false
+            }
+            Slot::Pending { .. } if leading => {
+                // A burst of one kind is coalescing and another kind's first change arrives:
+                // it goes at once and takes the burst so far with it (the stale due entry is
+                // skipped when it comes up).
+                st.slot = Slot::Ready;
+                self.ready.push_back(g.clone());
+                true
             }
             Slot::Pending { last, .. } => {
                 *last = now;

@@ -169,56 +169,6 @@ async fn nothing_is_published_before_every_kind_has_synced() {
     assert!(!e.synced_once());
 }
 
-/// Debounce: one change goes out after `quiet`; a change every 50 ms goes out after `max`.
-#[tokio::test(start_paused = true)]
-async fn a_calm_change_goes_at_once_and_a_burst_waits_for_quiet_but_never_longer_than_max() {
-    let mut e = synced(
-        &mk_spec(),
-        vec![mk_service("a", true), mk_slice("a", "a-1", &[(1, true)])],
-    );
-    let mut rx = e.view().list_and_watch(Kind::EndpointSlice).1;
-    time::advance(Duration::from_secs(1)).await;
-    // Quiet for a second, tokens in the bucket: the change is published in the same poll.
-    apply(&mut e, mk_slice("a", "a-1", &[(1, false)]));
-    e.poll(Instant::now());
-    assert!(rx.try_recv().is_ok(), "a calm change costs no quiet window");
-
-    // A second change within the quiet window waits for quiet.
-    time::advance(Duration::from_millis(10)).await;
-    let t0 = Instant::now();
-    apply(&mut e, mk_slice("a", "a-1", &[(2, true)]));
-    time::advance(Duration::from_millis(99)).await;
-    e.poll(Instant::now());
-    assert!(rx.try_recv().is_err(), "still inside the quiet window");
-    time::advance(Duration::from_millis(1)).await;
-    e.poll(Instant::now());
-    assert!(rx.try_recv().is_ok(), "published once quiet for 100ms");
-    assert_eq!(Instant::now() - t0, Duration::from_millis(100));
-
-    // A change every 50 ms for 3 s: the first (after 100 ms of quiet) leads, the rest
-    // coalesce, and the maximum delay bounds their wait.
-    let t1 = Instant::now();
-    let mut published_at = Vec::new();
-    for i in 0..60u32 {
-        apply(&mut e, mk_slice("a", "a-1", &[(10 + i, true)]));
-        time::advance(Duration::from_millis(50)).await;
-        e.poll(Instant::now());
-        if rx.try_recv().is_ok() {
-            published_at.push(Instant::now() - t1);
-        }
-    }
-    assert_eq!(
-        published_at.first(),
-        Some(&Duration::from_millis(50)),
-        "the first change of the burst leads, at the next poll"
-    );
-    assert_eq!(
-        published_at.get(1),
-        Some(&(Duration::from_millis(50) + Duration::from_secs(2))),
-        "max delay bounds the wait of the rest: 2 s after the burst's first coalesced change"
-    );
-}
-
 /// Guarantee 1: over any window, publications stay within the GCRA bounds of both buckets.
 #[tokio::test(start_paused = true)]
 async fn neither_budget_is_exceeded_over_any_window() {
@@ -498,3 +448,4 @@ mod contain;
 mod prop;
 mod publish;
 mod quarantine;
+mod schedule;
