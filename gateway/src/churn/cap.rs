@@ -1,9 +1,15 @@
 //! The endpoint cap: at most `max` endpoints of a service are published, chosen so that the cap
 //! itself causes no churn.
 //!
-//! Order of preference: ready before not ready, already published before new, then by address.
-//! An endpoint that is published stays published while it is no worse than the candidates
-//! behind it, so endpoints flapping beyond the cap change nothing downstream.
+//! Order of preference: ready before not ready, already published before new, then (for the
+//! slices) those the service's core/v1 Endpoints lists, then by address. An endpoint that is
+//! published stays published while it is no worse than the candidates behind it, so endpoints
+//! flapping beyond the cap change nothing downstream.
+//!
+//! The slices and the Endpoints choose alike: the Endpoints controller truncates a large
+//! service's Endpoints to 1,000 addresses of its own choosing, and a slice cap blind to them
+//! would publish a different 1,000, so the service's published endpoints, and the pods served
+//! behind them, would be up to twice the cap.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -39,12 +45,13 @@ fn is_ready(e: &Endpoint) -> bool {
 }
 
 /// Picks at most `max` of `candidates` (key, ready), preferring ready, then those in `previous`,
-/// then the smallest key. A key listed twice (an endpoint in two slices while the EndpointSlice
+/// then those in `also`, then the smallest key. A key listed twice (an endpoint in two slices while the EndpointSlice
 /// controller moves it) is one candidate, ready if either listing is, and takes one place.
 /// Returns the chosen keys and the number of distinct candidates.
 pub fn choose<'a>(
     candidates: impl IntoIterator<Item = (&'a str, bool)>,
     previous: &HashSet<EndpointKey>,
+    also: &HashSet<&str>,
     max: usize,
 ) -> (HashSet<&'a str>, usize) {
     let mut ready_by_key: HashMap<&'a str, bool> = HashMap::new();
@@ -52,15 +59,15 @@ pub fn choose<'a>(
         *ready_by_key.entry(k).or_default() |= ready;
     }
     let distinct = ready_by_key.len();
-    let mut all: Vec<(bool, bool, &'a str)> = ready_by_key
+    let mut all: Vec<(bool, bool, bool, &'a str)> = ready_by_key
         .into_iter()
-        .map(|(k, ready)| (!ready, !previous.contains(k), k))
+        .map(|(k, ready)| (!ready, !previous.contains(k), !also.contains(k), k))
         .collect();
     if all.len() > max {
         all.select_nth_unstable(max);
         all.truncate(max);
     }
-    (all.into_iter().map(|(_, _, k)| k).collect(), distinct)
+    (all.into_iter().map(|(.., k)| k).collect(), distinct)
 }
 
 /// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous`.
@@ -71,6 +78,20 @@ pub fn cap(
     max: usize,
 ) -> Capped {
     let mut out = Capped::default();
+    let addrs: Vec<(String, bool)> = endpoints
+        .iter()
+        .flat_map(|ep| ep.subsets.iter().flatten())
+        .flat_map(|s| {
+            let ready = s.addresses.iter().flatten().map(|a| (a.ip.clone(), true));
+            let not_ready = s
+                .not_ready_addresses
+                .iter()
+                .flatten()
+                .map(|a| (a.ip.clone(), false));
+            ready.chain(not_ready)
+        })
+        .collect();
+    let listed: HashSet<&str> = addrs.iter().map(|(ip, _)| ip.as_str()).collect();
 
     // Slices: the same address may appear in two slices (dual-stack uses one per family).
     let keyed: Vec<(EndpointKey, bool)> = slices
@@ -78,7 +99,12 @@ pub fn cap(
         .flat_map(|s| s.endpoints.iter().flatten())
         .map(|e| (slice_endpoint_key(e), is_ready(e)))
         .collect();
-    let (chosen, distinct) = choose(keyed.iter().map(|(k, r)| (k.as_str(), *r)), previous, max);
+    let (chosen, distinct) = choose(
+        keyed.iter().map(|(k, r)| (k.as_str(), *r)),
+        previous,
+        &listed,
+        max,
+    );
     let chosen: HashSet<String> = chosen.into_iter().map(str::to_owned).collect();
     out.total = distinct;
     out.truncated = out.total.saturating_sub(chosen.len());
@@ -97,25 +123,16 @@ pub fn cap(
             out.slices.push(Arc::new(s));
         }
     }
-    out.published.extend(chosen);
+    let in_slices: HashSet<&str> = chosen.iter().map(String::as_str).collect();
 
-    // core/v1 Endpoints: the same rule over its addresses.
+    // core/v1 Endpoints: the same rule over its addresses, preferring the slices' choice.
     if let Some(ep) = endpoints {
-        let addrs: Vec<(String, bool)> = ep
-            .subsets
-            .iter()
-            .flatten()
-            .flat_map(|s| {
-                let ready = s.addresses.iter().flatten().map(|a| (a.ip.clone(), true));
-                let not_ready = s
-                    .not_ready_addresses
-                    .iter()
-                    .flatten()
-                    .map(|a| (a.ip.clone(), false));
-                ready.chain(not_ready)
-            })
-            .collect();
-        let (chosen, distinct) = choose(addrs.iter().map(|(k, r)| (k.as_str(), *r)), previous, max);
+        let (chosen, distinct) = choose(
+            addrs.iter().map(|(k, r)| (k.as_str(), *r)),
+            previous,
+            &in_slices,
+            max,
+        );
         if slices.is_empty() {
             // Without slices, the Endpoints object is the service's only count.
             out.total = distinct;
@@ -142,6 +159,7 @@ pub fn cap(
         }
         out.published.extend(chosen.into_iter().map(str::to_owned));
     }
+    out.published.extend(chosen);
     out
 }
 
@@ -189,6 +207,43 @@ mod tests {
             "an uncapped slice is shared, not copied"
         );
         assert_eq!((c.total, c.truncated), (2, 0));
+    }
+
+    /// The Endpoints controller truncated the service's Endpoints to addresses of its own
+    /// choosing (here the last ones by address): the slices' cap picks the same ones, so the
+    /// service publishes `max` endpoints, not up to twice as many.
+    #[test]
+    fn the_slices_cap_agrees_with_a_truncated_endpoints_object() {
+        use k8s_openapi::api::core::v1::EndpointSubset;
+        let all: Vec<String> = (0..20).map(|i| format!("10.0.0.{:02}", i)).collect();
+        let eps: Vec<(&str, bool)> = all.iter().map(|ip| (ip.as_str(), true)).collect();
+        let slices = [mk_slice("a", &eps)];
+        let truncated = Arc::new(Endpoints {
+            subsets: Some(vec![EndpointSubset {
+                addresses: Some(
+                    all[10..]
+                        .iter()
+                        .map(|ip| EndpointAddress {
+                            ip: ip.clone(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let c = cap(&slices, Some(&truncated), &HashSet::new(), 10);
+        assert_eq!(
+            ips(&c),
+            all[10..],
+            "one choice of 10, the Endpoints object's"
+        );
+        assert!(Arc::ptr_eq(
+            c.endpoints.as_ref().expect("endpoints"),
+            &truncated
+        ));
+        assert_eq!((c.total, c.truncated), (20, 10));
     }
 
     #[test]
