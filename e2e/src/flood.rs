@@ -131,7 +131,7 @@ fn slowest_arrival(seen: &[(u64, u64)], from: u64, to: u64) -> Option<u64> {
 }
 
 /// The services a link's admin state lists as contained.
-fn contained_services(link: &serde_json::Value) -> Vec<String> {
+pub(crate) fn contained_services(link: &serde_json::Value) -> Vec<String> {
     link["contained"]
         .as_array()
         .into_iter()

@@ -2,8 +2,8 @@
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
 //! ([`drivers`]), a client of the admin API ([`admin`]), a fault-injecting proxy ([`chaos`]),
 //! captured logs ([`logs`]), Floodgate and consumers as processes ([`procs`], [`process`],
-//! `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]) and restart herd
-//! ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
+//! `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]), cold starts against a
+//! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
 //! (`src/bin/scenarios.rs`) run, the local cluster the controller is tested against
 //! ([`local`], [`cluster`]), and the scenario tests in `tests/`.
 
@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod chaos;
 pub mod cluster;
+pub mod cold;
 pub mod drivers;
 pub mod flood;
 pub mod gateway;
