@@ -122,12 +122,15 @@ fn default_service_selector() -> LabelSelector {
     }
 }
 
-/// Debounce per service: publish after `quiet` without a further change, never later than `max`
-/// after the first unpublished change.
+/// Debounce per service: a change to a service that was quiet for `quiet` is published at once,
+/// and so is the first change of each other kind (a rollout's Pod, then its EndpointSlice)
+/// within that window; a further change is a burst, published after `quiet` without a further
+/// change, never later than `max` after the first unpublished change.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CoalesceSpec {
-    /// Quiet time after the last change before a service is published. Default: `100ms`.
+    /// Quiet time that ends a burst: a service changed again within it publishes this long
+    /// after its last change. Default: `100ms`.
     #[serde(default = "default_quiet")]
     pub quiet: KubeDuration,
     /// Longest a pending change waits for quiet. Default: `2s`.
