@@ -16,6 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use floodgate_link_crd::LinkSpec;
 use serde::Serialize;
 
@@ -113,15 +114,12 @@ pub async fn run(dir: &Path, plan: &ColdPlan) -> anyhow::Result<ColdOutcome> {
 
     let started = Instant::now();
     let floodgate = Floodgate::start(dir, "east", &sim.kubeconfig(), plan.spec.clone()).await?;
-    let ready_s = started.elapsed().as_secs_f64();
     let result = measure(dir, &floodgate, started, flooding).await;
     let _ = stop_tx.send(true);
     let _ = flood.await;
     floodgate.stop().await?;
     sim.stop();
-    let mut outcome = result?;
-    outcome.ready_s = ready_s;
-    Ok(outcome)
+    result
 }
 
 async fn measure(
@@ -130,7 +128,9 @@ async fn measure(
     started: Instant,
     flooding: bool,
 ) -> anyhow::Result<ColdOutcome> {
-    let pid = floodgate.pid().unwrap_or_default();
+    // `Floodgate::start` returns once `/readyz` answers 200.
+    let ready_s = started.elapsed().as_secs_f64();
+    let pid = floodgate.pid().context("floodgate's pid")?;
     let consumer_started = Instant::now();
     let consumer = Consumer::start(dir, "consumer", &floodgate.consumer_kubeconfig()?)?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -158,13 +158,13 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (steady_kib, peak_kib) = memory_kib(pid).unwrap_or_default();
+    let (steady_kib, peak_kib) = memory_kib(pid).context("floodgate's memory")?;
     let stats = consumer.stats();
     let calm_served = calm_whole(floodgate).await?;
     consumer.stop().await?;
     let n = |v: &serde_json::Value| v.as_u64().unwrap_or_default();
     Ok(ColdOutcome {
-        ready_s: 0.0,
+        ready_s,
         consumer_synced_s,
         calm_served,
         pods_served: stats.pods,
@@ -182,12 +182,8 @@ async fn measure(
 async fn calm_whole(floodgate: &Floodgate) -> anyhow::Result<usize> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Api, ListParams};
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::from_yaml(&floodgate.consumer_kubeconfig()?)?,
-        &Default::default(),
-    )
-    .await?;
-    let slices: Api<EndpointSlice> = Api::namespaced(kube::Client::try_from(config)?, "prod");
+    let client = crate::gateway::client_from(&floodgate.consumer_kubeconfig()?).await?;
+    let slices: Api<EndpointSlice> = Api::namespaced(client, "prod");
     let mut whole = 0;
     for svc in CALM {
         let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));

@@ -45,8 +45,9 @@ fn is_ready(e: &Endpoint) -> bool {
 }
 
 /// Picks at most `max` of `candidates` (key, ready), preferring ready, then those in `previous`,
-/// then those in `also`, then the smallest key. A key listed twice (an endpoint in two slices while the EndpointSlice
-/// controller moves it) is one candidate, ready if either listing is, and takes one place.
+/// then those in `also`, then the smallest key. A key listed twice (an endpoint in two slices
+/// while the EndpointSlice controller moves it) is one candidate, ready if either listing is,
+/// and takes one place.
 /// Returns the chosen keys and the number of distinct candidates.
 pub fn choose<'a>(
     candidates: impl IntoIterator<Item = (&'a str, bool)>,

@@ -5,9 +5,9 @@
 //! the second as a burst would delay every calm rollout by `quiet`. A further change of a kind
 //! already seen within `quiet` is a burst: it coalesces until the group is quiet again, never
 //! longer than `coalesce.max` after its first change. So a window publishes at most once per
-//! kind at its leading edge, plus once per `max`. The line is served round robin while the link's and
-//! the group's GCRA buckets have tokens; a group whose own bucket is empty is parked until its
-//! token is due.
+//! kind at its leading edge, plus once per `max`. The line is served round robin while the
+//! link's and the group's GCRA buckets have tokens; a group whose own bucket is empty is parked
+//! until its token is due.
 //!
 //! Each group is in at most one of the due, ready and parked queues. A group's slot and bucket
 //! go when the engine forgets the group (its service left upstream); a stale queue entry of a
@@ -41,8 +41,11 @@ struct Sched {
     kinds: u8,
 }
 
+// `Kind`'s discriminants are 0..ALL.len(): one bit each in a u8, and bit 7 for `None`.
+const _: () = assert!(Kind::ALL.len() < 8);
+
 /// A change's bit in `Sched::kinds`; changes that are no object's (a release, a republish
-/// after a quarantine) have their own.
+/// after a quarantine) have their own, the last.
 fn kind_bit(kind: Option<Kind>) -> u8 {
     match kind {
         Some(k) => 1 << (k as u8),

@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
-use tokio::time::{self, Instant};
-
 use tokio::sync::broadcast;
+use tokio::time::{self, Instant};
 
 use super::*;
 
