@@ -4,7 +4,7 @@
 //! captured logs ([`logs`]), Floodgate and consumers as processes ([`procs`], [`process`],
 //! `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]), cold starts against a
 //! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
-//! (`src/bin/scenarios.rs`) run, the local cluster the controller is tested against
+//! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
 //! ([`local`], [`cluster`]), and the scenario tests in `tests/`.
 
 #![forbid(unsafe_code)]

@@ -1,0 +1,168 @@
+//! The report's rows for the side-by-side runs: S1, calm and the cold starts, each figure
+//! beside the design's target.
+
+use floodgate_e2e::cold::{ColdOutcome, ColdPlan};
+use floodgate_e2e::flood::{Outcome, percentile};
+
+use crate::report::{Figure, mib};
+
+pub fn calm_figures(o: &Outcome, out: &mut Vec<Figure>) {
+    let (direct, via) = (
+        percentile(&o.direct_staleness_ms, 0.5),
+        percentile(&o.via_staleness_ms, 0.5),
+    );
+    out.push(Figure {
+        what: format!(
+            "Calm: a change's delay with no flood, p50 ({} changes)",
+            o.via_staleness_ms.len()
+        ),
+        direct: format!("{direct} ms"),
+        floodgate: format!("{via} ms"),
+        ratio: format!("+{} ms", via.saturating_sub(direct)),
+        target: "within 20 ms of direct".into(),
+        met: Some(via <= direct + 20 && o.via_missed == 0),
+    });
+}
+
+pub fn cold_flood_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>) {
+    let what = |f: &str| {
+        format!(
+            "Cold start during a flood ({} pods crash-looping): {f}",
+            plan.pods
+        )
+    };
+    out.push(Figure::own(
+        what("ready"),
+        format!("{:.1} s", o.ready_s),
+        "<= 10 s",
+        Some(o.ready_s <= 10.0),
+    ));
+    out.push(Figure::own(
+        what("a consumer's streaming-list informers synced, after its start"),
+        format!("{:.1} s", o.consumer_synced_s),
+        "<= 5 s",
+        Some(o.consumer_synced_s <= 5.0),
+    ));
+    let contained = match o.contained_after_s {
+        Some(c) => format!("{} after {c:.1} s", o.contained.join(", ")),
+        None => "none".to_owned(),
+    };
+    out.push(Figure::own(
+        what("calm services served whole; the flooder contained"),
+        format!("{}/3; {contained}", o.calm_served),
+        "3/3; prod/injector",
+        Some(o.calm_served == 3 && o.contained == ["prod/injector"] && o.phase != "Quarantined"),
+    ));
+    out.push(Figure::own(
+        what("Floodgate peak RSS"),
+        mib(o.peak_kib),
+        "(reported)",
+        None,
+    ));
+}
+
+pub fn cold_large_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>) {
+    let what = |f: &str| {
+        format!(
+            "Cold start, {} ready pods behind {} exported services{}: {f}",
+            plan.pods,
+            plan.services,
+            if plan.one_body {
+                ", each list one body"
+            } else {
+                ", streaming lists"
+            }
+        )
+    };
+    out.push(Figure::own(
+        what("Floodgate peak RSS"),
+        format!("{} ({} pods served)", mib(o.peak_kib), o.pods_served),
+        "<= 128 MiB",
+        Some(o.peak_kib <= 128 * 1024),
+    ));
+    out.push(Figure::own(
+        what("Floodgate steady RSS"),
+        format!(
+            "{} ({:.1} MB of JSON served)",
+            mib(o.steady_kib),
+            o.view_bytes as f64 / 1e6
+        ),
+        "<= 64 MiB",
+        Some(o.steady_kib <= 64 * 1024),
+    ));
+}
+
+pub fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
+    let ratio = o.direct_events as f64 / o.via_events.max(1) as f64;
+    out.push(Figure {
+        what: format!("S1 {name}: downstream events, direct / through Floodgate"),
+        direct: o.direct_events.to_string(),
+        floodgate: o.via_events.to_string(),
+        ratio: format!("{ratio:.0}x fewer"),
+        target: ">= 100x fewer".into(),
+        met: Some(ratio >= 100.0),
+    });
+    let mem = o.via_peak_kib as f64 / o.direct_peak_kib.max(1) as f64;
+    out.push(Figure {
+        what: format!("S1 {name}: consumer peak memory (VmHWM), through Floodgate / direct"),
+        direct: mib(o.direct_peak_kib),
+        floodgate: mib(o.via_peak_kib),
+        ratio: format!("{:.1}%", mem * 100.0),
+        target: "<= 10%".into(),
+        met: Some(mem <= 0.10),
+    });
+    let p99 = percentile(&o.via_staleness_ms, 0.99);
+    out.push(Figure {
+        what: format!(
+            "S1 {name}: calm service change visible downstream, p99 ({} changes{})",
+            o.via_staleness_ms.len(),
+            if o.via_missed > 0 {
+                format!(", {} never arrived", o.via_missed)
+            } else {
+                String::new()
+            }
+        ),
+        direct: format!("{} ms", percentile(&o.direct_staleness_ms, 0.99)),
+        floodgate: format!("{p99} ms"),
+        ratio: String::new(),
+        target: "p99 <= 2 s".into(),
+        met: Some(p99 <= 2000 && o.via_missed == 0 && !o.via_staleness_ms.is_empty()),
+    });
+    out.push(Figure::own(
+        format!("S1 {name}: Floodgate peak RSS"),
+        mib(o.floodgate_peak_kib),
+        "<= 128 MiB",
+        Some(o.floodgate_peak_kib <= 128 * 1024),
+    ));
+    out.push(Figure {
+        what: format!("S1 {name}: calm service change visible downstream, p50"),
+        direct: format!("{} ms", percentile(&o.direct_staleness_ms, 0.5)),
+        floodgate: format!("{} ms", percentile(&o.via_staleness_ms, 0.5)),
+        ratio: String::new(),
+        target: "(reported)".into(),
+        met: None,
+    });
+    if let Some(c) = o.contained_after_s {
+        out.push(Figure {
+            what: format!(
+                "S1 {name}: containment of {}, from the start of the scale-up",
+                o.contained.join(", ")
+            ),
+            direct: "never".into(),
+            floodgate: format!("{c:.1} s"),
+            ratio: String::new(),
+            target: "(reported)".into(),
+            met: None,
+        });
+    }
+    if let Some(q) = o.quarantined_after_s {
+        out.push(Figure {
+            what: format!("S1 {name}: quarantine, from the start of the scale-up"),
+            direct: "never".into(),
+            floodgate: format!("{q:.1} s"),
+            ratio: String::new(),
+            target: "(reported)".into(),
+            met: None,
+        });
+    }
+}

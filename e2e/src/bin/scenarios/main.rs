@@ -1,0 +1,272 @@
+//! `make bench`'s side-by-side half: the scenario benchmarks S1 and S2, then the report.
+//!
+//! - **S1 flood** (incident 2), twice: a Deployment scaled to 50,000 crash-looping pods behind a
+//!   service that is not exported, then behind an exported one, while calm exported services
+//!   change now and then. Two identical consumers watch, one straight from kube-sim and one
+//!   through Floodgate ([`floodgate_e2e::flood`]); memory is each process's own VmHWM.
+//! - **Calm**: the same rig with no flood at all: how much a calm change's delay through
+//!   Floodgate adds to the direct consumer's.
+//! - **Cold starts** ([`floodgate_e2e::cold`]): Floodgate starts while 30,000 pods behind an
+//!   exported service crash-loop (ready within 10 s, calm services served, the flooder
+//!   contained); and against 50,000 ready pods behind five exported services, no flood, twice:
+//!   with streaming lists, then with each list sent as one body (peak and steady memory).
+//! - **S2 restart herd** (incident 1): 50 consumer processes restart 10 times each, straight
+//!   against kube-sim and then through Floodgate; kube-sim counts the requests it serves.
+//!
+//! Then `target/floodgate-bench/report.json` and `report.md` gather every figure of the design's
+//! performance table: these, the facade benchmark's (`facade.json`, written by `cargo bench -p
+//! floodgate-e2e --bench facade`) and criterion's estimates for the engine
+//! (`target/criterion/`), each with its target and the machine it ran on.
+
+mod figures;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use floodgate_e2e::cold::{self, ColdPlan};
+use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
+
+use crate::figures::{calm_figures, cold_flood_figures, cold_large_figures, s1_figures};
+use crate::report::{Figure, engine_figures, facade_figures, machine, markdown};
+use floodgate_e2e::herd;
+use floodgate_link_crd::{LinkSpec, RemoteSpec};
+use serde_json::json;
+
+/// Runs S1 and S2 side by side and writes the benchmark report.
+#[derive(Debug, Parser)]
+struct Args {
+    /// S1: pods the bad Deployment scales to.
+    #[arg(long, default_value_t = 50_000)]
+    pods: usize,
+    /// S1: pods flipping between ready and crashed per second.
+    #[arg(long, default_value_t = 5_000)]
+    flips_per_sec: usize,
+    /// S1: seconds of crash loop after the scale-up.
+    #[arg(long, default_value_t = 20)]
+    flood_secs: u64,
+    /// S2: consumers that restart.
+    #[arg(long, default_value_t = 50)]
+    consumers: usize,
+    /// S2: restarts of each.
+    #[arg(long, default_value_t = 10)]
+    restarts: u32,
+    /// Cargo's target directory (default: the one this binary was built in).
+    #[arg(long)]
+    target_dir: Option<PathBuf>,
+    /// Cold start during a flood: crash-looping pods behind the exported flooder.
+    #[arg(long, default_value_t = 30_000)]
+    cold_flood_pods: usize,
+    /// Cold start of a calm, large remote: ready pods behind exported services.
+    #[arg(long, default_value_t = 50_000)]
+    cold_pods: usize,
+    /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
+    /// cold-large, s2); the
+    /// report then holds their figures only.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+impl Args {
+    fn runs(&self, scenario: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == scenario)
+    }
+}
+
+/// Prints a line every five seconds.
+struct Progress(&'static str);
+
+impl Reporter for Progress {
+    fn started(&mut self, _: &str) {
+        println!("{}: running", self.0);
+    }
+
+    fn sample(&mut self, s: &Sample) {
+        if s.t.is_multiple_of(5) {
+            println!(
+                "{}: t={:>3}s upstream {:>6}/s  direct {:>8} ev {:>6.1} MiB  via {:>6} ev {:>5.1} MiB  Floodgate {:>6.1} MiB  {}",
+                self.0,
+                s.t,
+                s.upstream_events,
+                s.direct_events,
+                s.direct_rss_kib as f64 / 1024.0,
+                s.via_events,
+                s.via_rss_kib as f64 / 1024.0,
+                s.floodgate_rss_kib as f64 / 1024.0,
+                s.phase
+            );
+        }
+    }
+
+    async fn done(&mut self, _: &Outcome) {}
+}
+
+/// No flood: the bad Deployment keeps its 3 ready pods; only the calm services change.
+fn calm_plan(args: &Args) -> Plan {
+    Plan {
+        pods: 3,
+        flips_per_sec: 0,
+        flood: 10,
+        release: false,
+        ..s1_plan(args, true)
+    }
+}
+
+fn cold_plans(args: &Args) -> (ColdPlan, [ColdPlan; 2]) {
+    let flood = ColdPlan {
+        pods: args.cold_flood_pods,
+        services: 1,
+        flips_per_sec: args.flips_per_sec,
+        one_body: false,
+        spec: default_spec(),
+    };
+    let large = ColdPlan {
+        pods: args.cold_pods,
+        services: 5,
+        flips_per_sec: 0,
+        one_body: false,
+        spec: default_spec(),
+    };
+    let one_body = ColdPlan {
+        one_body: true,
+        ..large.clone()
+    };
+    (flood, [large, one_body])
+}
+
+fn s1_plan(args: &Args, exported: bool) -> Plan {
+    Plan {
+        pods: args.pods,
+        exported,
+        ramp: 10,
+        flood: args.flood_secs,
+        flips_per_sec: args.flips_per_sec,
+        calm_every: Duration::from_millis(500),
+        release: exported,
+        spec: default_spec(),
+    }
+}
+
+/// The product's defaults: what a user gets.
+fn default_spec() -> LinkSpec {
+    LinkSpec::with_remote(RemoteSpec::default())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let target = match &args.target_dir {
+        Some(t) => t.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(Path::parent)
+            .context("target/<profile>/scenarios")?
+            .to_path_buf(),
+    };
+    let out = target.join("floodgate-bench");
+    std::fs::create_dir_all(&out)?;
+    let work = tempfile::tempdir()?;
+
+    let dir = |name: &str| -> anyhow::Result<PathBuf> {
+        let d = work.path().join(name);
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    };
+    let mut figures = Vec::new();
+    let mut report = json!({ "s1": {"pods": args.pods, "flips_per_sec": args.flips_per_sec} });
+    let strip = |o: &Outcome| {
+        let mut v = serde_json::to_value(o).unwrap_or_default();
+        if let Some(samples) = v.as_object_mut().and_then(|m| m.remove("samples")) {
+            v["samples_every_second"] = samples;
+        }
+        v
+    };
+    if args.runs("s1-hidden") {
+        let plan = s1_plan(&args, false);
+        let o = flood::run(&dir("s1-hidden")?, &plan, &mut Progress("S1 hidden")).await?;
+        s1_figures(
+            "(flood behind a service that is not exported)",
+            &o,
+            &mut figures,
+        );
+        report["s1"]["hidden"] = strip(&o);
+    }
+    if args.runs("s1-exported") {
+        let plan = s1_plan(&args, true);
+        let o = flood::run(&dir("s1-exported")?, &plan, &mut Progress("S1 exported")).await?;
+        s1_figures("(flood behind an exported service)", &o, &mut figures);
+        report["s1"]["exported"] = strip(&o);
+    }
+    if args.runs("calm") {
+        let o = flood::run(&dir("calm")?, &calm_plan(&args), &mut Progress("calm")).await?;
+        calm_figures(&o, &mut figures);
+        report["calm"] = strip(&o);
+    }
+    let (flood_plan, large_plans) = cold_plans(&args);
+    if args.runs("cold-flood") {
+        println!("cold start during a flood: {} pods", flood_plan.pods);
+        let o = cold::run(&dir("cold-flood")?, &flood_plan).await?;
+        cold_flood_figures(&flood_plan, &o, &mut figures);
+        report["cold_flood"] = serde_json::to_value(&o)?;
+    }
+    if args.runs("cold-large") {
+        let mut runs = Vec::new();
+        for (i, plan) in large_plans.iter().enumerate() {
+            println!(
+                "cold start: {} ready pods{}",
+                plan.pods,
+                if plan.one_body { ", one list body" } else { "" }
+            );
+            let o = cold::run(&dir(&format!("cold-large-{i}"))?, plan).await?;
+            cold_large_figures(plan, &o, &mut figures);
+            runs.push(serde_json::to_value(&o)?);
+        }
+        report["cold_large"] = runs.into();
+    }
+    if args.runs("s2") {
+        println!(
+            "S2: {} consumers x {} restarts",
+            args.consumers, args.restarts
+        );
+        let herd = herd::run(&dir("s2")?, args.consumers, args.restarts, default_spec()).await?;
+        figures.push(Figure {
+            what: format!(
+                "S2: upstream requests caused by {} consumers restarting {} times",
+                args.consumers, args.restarts
+            ),
+            direct: herd.direct_requests.to_string(),
+            floodgate: format!(
+                "{} (Floodgate's own start: {})",
+                herd.via_requests, herd.floodgate_own_requests
+            ),
+            ratio: String::new(),
+            target: "0 (one LIST+WATCH per resource per link)".into(),
+            met: Some(herd.via_requests == 0),
+        });
+        report["s2"] = json!({"consumers": args.consumers, "restarts": args.restarts,
+               "direct_requests": herd.direct_requests, "via_requests": herd.via_requests,
+               "floodgate_own_requests": herd.floodgate_own_requests,
+               "direct_secs": herd.direct_secs, "via_secs": herd.via_secs});
+    }
+    engine_figures(&target, &mut figures);
+    facade_figures(&target, &mut figures);
+
+    let machine = machine();
+    report["machine"] = machine.clone();
+    report["figures"] = figures.iter().map(Figure::json).collect();
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let md = markdown(&machine, &figures);
+    std::fs::write(out.join("report.md"), &md)?;
+    println!("\n{md}");
+    println!(
+        "reports: {} and {}",
+        out.join("report.json").display(),
+        out.join("report.md").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! The report: one row per figure with its target (`report.json`, `report.md`), the machine it
+//! ran on, and the rows read from criterion's and the facade benchmark's own output.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+/// Criterion's mean estimate for `group/function`, in ns per iteration, with its interval.
+fn criterion_ns(target: &Path, id: &str) -> Option<(f64, f64, f64)> {
+    let path = target.join("criterion").join(id).join("new/estimates.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let m = &v["mean"];
+    Some((
+        m["point_estimate"].as_f64()?,
+        m["confidence_interval"]["lower_bound"].as_f64()?,
+        m["confidence_interval"]["upper_bound"].as_f64()?,
+    ))
+}
+
+pub fn machine() -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default();
+    let mem_kib: u64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_default();
+    json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": model,
+        "memory_gib": (mem_kib as f64 / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "date": jiff::Timestamp::now().to_string(),
+    })
+}
+
+/// One row of the report.
+pub struct Figure {
+    pub what: String,
+    pub direct: String,
+    pub floodgate: String,
+    pub ratio: String,
+    pub target: String,
+    pub met: Option<bool>,
+}
+
+impl Figure {
+    /// A row of Floodgate's own figure, with no direct side and no ratio.
+    pub fn own(
+        what: impl Into<String>,
+        floodgate: String,
+        target: &str,
+        met: Option<bool>,
+    ) -> Self {
+        Self {
+            what: what.into(),
+            direct: String::new(),
+            floodgate,
+            ratio: String::new(),
+            target: target.into(),
+            met,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        json!({"what": self.what, "direct": self.direct, "floodgate": self.floodgate,
+               "ratio": self.ratio, "target": self.target, "met": self.met})
+    }
+}
+
+pub fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+pub fn engine_figures(target: &Path, out: &mut Vec<Figure>) {
+    let rows = [
+        (
+            "engine/ingest_100k_events_10k_services",
+            100_000.0,
+            "churn engine, pre-decoded events, one core",
+            1_000_000.0,
+        ),
+        (
+            "upstream/decode_and_ingest_10k_slice_frames",
+            10_000.0,
+            "upstream ingest, JSON decoding included, one core",
+            65_000.0,
+        ),
+        (
+            "upstream/decode_10k_slice_frames",
+            10_000.0,
+            "JSON decoding alone (reference: about 130,000/s)",
+            0.0,
+        ),
+    ];
+    for (id, elements, what, goal) in rows {
+        let Some((ns, lo, hi)) = criterion_ns(target, id) else {
+            out.push(Figure::own(
+                what,
+                "not measured (run `cargo bench -p floodgate --bench churn`)".into(),
+                "",
+                None,
+            ));
+            continue;
+        };
+        let rate = |ns: f64| elements / (ns / 1e9);
+        out.push(Figure::own(
+            what,
+            format!(
+                "{:.0} events/s (95% CI {:.0}-{:.0})",
+                rate(ns),
+                rate(hi),
+                rate(lo)
+            ),
+            &if goal > 0.0 {
+                format!(">= {goal:.0} events/s")
+            } else {
+                "(reference)".into()
+            },
+            (goal > 0.0).then(|| rate(ns) >= goal),
+        ));
+    }
+}
+
+pub fn facade_figures(target: &Path, out: &mut Vec<Figure>) {
+    let path = target.join("floodgate-bench/facade.json");
+    let Some(f) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+    else {
+        out.push(Figure::own(
+            "facade: LIST, initial sync, fan-out",
+            "not measured (run `cargo bench -p floodgate-e2e --bench facade`)".into(),
+            "",
+            None,
+        ));
+        return;
+    };
+    let n = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let mut row = |what: &str, value: String, target: &str, met: bool| {
+        out.push(Figure::own(what, value, target, Some(met)))
+    };
+    let sync = n(&f["initial_sync"]["median_ms"]);
+    row(
+        "initial sync (streaming list) of 10,000 EndpointSlices to a kube-rs watcher",
+        format!("{sync:.0} ms"),
+        "<= 500 ms",
+        sync <= 500.0,
+    );
+    let list = n(&f["list"]["median_ms"]);
+    row(
+        &format!(
+            "LIST of 10,000 EndpointSlices ({:.0} MB of JSON), warm, over TLS",
+            n(&f["list"]["bytes"]) / 1e6
+        ),
+        format!("{list:.1} ms"),
+        "<= 100 ms",
+        list <= 100.0,
+    );
+    let fan = &f["fanout"];
+    let lat = n(&fan["latency_median_ms"]);
+    row(
+        "fan-out: one update reaches 1,000 watchers (median)",
+        format!("{lat:.1} ms (p99 {:.1} ms)", n(&fan["latency_p99_ms"])),
+        "<= 10 ms",
+        lat <= 10.0,
+    );
+    let cpu = n(&fan["server_cpu_us_per_event"]);
+    row(
+        "fan-out: server CPU per delivered event",
+        format!("{cpu:.1} us"),
+        "<= 5 us",
+        cpu <= 5.0,
+    );
+    let idle = n(&fan["server_rss_kib_per_idle_watcher"]);
+    row(
+        "fan-out: memory per idle watcher",
+        format!("{idle:.1} KiB"),
+        "<= 16 KiB",
+        idle <= 16.0,
+    );
+}
+
+pub fn markdown(machine: &Value, figures: &[Figure]) -> String {
+    let mut md = String::from("# Floodgate benchmark report\n\n");
+    md.push_str(&format!(
+        "Machine: {} cores ({}), {} GiB, Linux {}; run {}.\n\n",
+        machine["cores"],
+        machine["cpu"].as_str().unwrap_or("unknown CPU"),
+        machine["memory_gib"],
+        machine["kernel"].as_str().unwrap_or(""),
+        machine["date"].as_str().unwrap_or("")
+    ));
+    md.push_str("| figure | direct | through Floodgate | ratio | target | met |\n");
+    md.push_str("| --- | --- | --- | --- | --- | --- |\n");
+    for f in figures {
+        let met = match f.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {met} |\n",
+            f.what, f.direct, f.floodgate, f.ratio, f.target
+        ));
+    }
+    md.push_str("\nReproduce with `make bench`.\n");
+    md
+}
