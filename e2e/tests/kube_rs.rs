@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use floodgate::kubeapi::status::{Reason, StatusError};
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::drivers::{Cluster, EXPORTED};
 use floodgate_e2e::sim::SimStore;
@@ -131,8 +132,9 @@ async fn timed_out_watches_resume_without_duplicates() {
     assert!(c.watches >= 3, "the watch was renewed: {c:?}");
 }
 
-/// Once a watcher's version has left the history, its resume gets an in-stream 410 and it
-/// relists.
+/// Once a watcher's version has left its kind's history, its resume gets an in-stream 410 and
+/// it relists. The history is per kind, as an API server's watch cache is per resource: only
+/// Service changes made while the watcher was away can push its version out.
 #[tokio::test]
 async fn an_expired_version_makes_kube_rs_relist() {
     let store = Arc::new(SimStore::new(13, 20));
@@ -141,22 +143,21 @@ async fn an_expired_version_makes_kube_rs_relist() {
     cluster.scale("web", 3, true);
     cluster.add_service("other", false);
     cluster.scale("other", 1, true);
-    let sim = RunningSim::start(store, "secret").await.expect("sim");
+    let sim = RunningSim::start(store.clone(), "secret")
+        .await
+        .expect("sim");
     let api: Api<Service> = Api::all(client(&sim).await);
-    // No bookmarks: the watcher's version only moves with its own kind.
-    let mut w = watcher::watcher(
-        api,
-        watcher::Config::default().timeout(1).disable_bookmarks(),
-    )
-    .boxed();
+    let mut w = watcher::watcher(api, watcher::Config::default().disable_bookmarks()).boxed();
     assert_eq!(initial_names(&mut w).await, ["other", "web"]);
-    // 30 crash-loop steps (pods, slices, Endpoints: 90 changes, no Service among them) push
-    // the watcher's version out of a 20-change history.
-    for _ in 0..30 {
-        cluster.crash_loop_step("other", 1);
+    // The server goes away and ends the watch; while it is away (and the watcher is not
+    // polled, so it does not retry), 30 services are created: more than the 20 changes held.
+    store.set_failing(Some(StatusError::new(Reason::InternalError, "restarting")));
+    for i in 0..30 {
+        cluster.add_service(&format!("s-{i:02}"), false);
     }
-    // When its 1 s watch ends it resumes from that version, gets the in-stream 410 (which
-    // kube-rs reports as an error item), and relists.
+    store.set_failing(None);
+    // Its resume from the old version gets the in-stream 410 (which kube-rs reports as an
+    // error item), and it relists.
     let item = tokio::time::timeout(Duration::from_secs(10), w.next())
         .await
         .expect("an item")
@@ -171,7 +172,9 @@ async fn an_expired_version_makes_kube_rs_relist() {
         matches!(next(&mut w).await, Event::Init),
         "kube-rs relisted after the 410"
     );
-    assert_eq!(initial_names_after_init(&mut w).await, ["other", "web"]);
+    let names = initial_names_after_init(&mut w).await;
+    assert_eq!(names.len(), 32, "{names:?}");
+    assert!(names.contains(&"web".to_owned()) && names.contains(&"s-29".to_owned()));
     assert_eq!(sim.api.counters.snapshot().lists, 2);
 }
 

@@ -38,6 +38,15 @@ pub enum Kind {
     Server,
 }
 
+// `Kind::index` is a position in `Kind::ALL`.
+const _: () = {
+    let mut i = 0;
+    while i < Kind::ALL.len() {
+        assert!(Kind::ALL[i].index() == i);
+        i += 1;
+    }
+};
+
 impl Kind {
     /// Every kind, in a fixed order.
     pub const ALL: [Kind; 6] = [
@@ -48,6 +57,11 @@ impl Kind {
         Kind::ReplicaSet,
         Kind::Server,
     ];
+
+    /// This kind's place in [`Kind::ALL`], for tables indexed by kind.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// `kind` as the API names it.
     pub const fn name(self) -> &'static str {

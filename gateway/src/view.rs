@@ -2,16 +2,17 @@
 //!
 //! The churn engine writes publications ([`View::apply`]); the facade and gRPC read snapshots
 //! and follow changes. Each object is stored with Floodgate's own resource version and its JSON
-//! encoded once, at publish time, so a LIST or a fan-out to many watchers writes bytes that
-//! already exist. A history of changes, bounded by count and by age, lets a watcher resume from
-//! a version it saw (the instants it keeps come from tokio's clock, so paused-time tests drive
-//! them); a
-//! broadcast channel fans changes out, with a bounded backlog per receiver.
+//! encoded once, at publish time, as the watch frame of its event: the stored JSON is a slice
+//! of that frame, so a LIST, a fan-out to many watchers and the history write and hold bytes
+//! that already exist. Each kind has its own shelf: objects, a history of changes (bounded by
+//! count over every kind, and by age) that lets a watcher resume from a version it saw, and a
+//! broadcast feed with a bounded backlog per receiver, so a watcher wakes only for its kind.
+//! The history's instants come from tokio's clock, so paused-time tests drive them.
 //!
 //! Resource versions are `incarnation << 40 | counter`: monotonic within one run, never 0, and
 //! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
@@ -51,25 +52,44 @@ pub struct Stored {
 impl Stored {
     /// Stamps `object` with a version and encodes it.
     pub fn new(object: Object, resource_version: u64) -> Self {
-        let json = serde_json::to_vec(&object.to_json(&resource_version.to_string()))
-            .unwrap_or_default()
-            .into();
-        Self {
+        Self::framed(object, resource_version, EventType::Added).0
+    }
+
+    /// Stamps `object` with a version and encodes it as the frame of a `kind` event. The
+    /// stored JSON is a slice of that frame: the object and its event share one buffer.
+    fn framed(object: Object, resource_version: u64, kind: EventType) -> (Self, Bytes) {
+        let value = object.to_json(&resource_version.to_string());
+        let mut b = Vec::with_capacity(256);
+        b.extend_from_slice(FRAME_TYPE);
+        b.extend_from_slice(kind.as_str().as_bytes());
+        b.extend_from_slice(FRAME_OBJECT);
+        let start = b.len();
+        // Writing a `Value` into a `Vec` has no failure case (its keys are strings).
+        let _ = serde_json::to_writer(&mut b, &value);
+        let end = b.len();
+        b.extend_from_slice(FRAME_END);
+        let frame = Bytes::from(b);
+        let stored = Self {
             resource_version,
             object,
-            json,
-        }
+            json: frame.slice(start..end),
+        };
+        (stored, frame)
     }
 }
+
+const FRAME_TYPE: &[u8] = b"{\"type\":\"";
+const FRAME_OBJECT: &[u8] = b"\",\"object\":";
+const FRAME_END: &[u8] = b"}\n";
 
 /// One watch frame: `{"type":..,"object":..}` and a newline.
 pub fn frame(kind: &str, object_json: &[u8]) -> Bytes {
     let mut b = Vec::with_capacity(object_json.len() + 32);
-    b.extend_from_slice(b"{\"type\":\"");
+    b.extend_from_slice(FRAME_TYPE);
     b.extend_from_slice(kind.as_bytes());
-    b.extend_from_slice(b"\",\"object\":");
+    b.extend_from_slice(FRAME_OBJECT);
     b.extend_from_slice(object_json);
-    b.extend_from_slice(b"}\n");
+    b.extend_from_slice(FRAME_END);
     b.into()
 }
 
@@ -96,7 +116,8 @@ pub struct Event {
     /// The state before a modification: watchers with a selector need it to turn a change
     /// that leaves (enters) their selection into DELETED (ADDED).
     pub previous: Option<Arc<Stored>>,
-    /// The watch frame of this event, encoded once for every watcher.
+    /// The watch frame of this event, encoded once for every watcher: `object.json` is a slice
+    /// of it.
     pub frame: Bytes,
 }
 
@@ -140,30 +161,77 @@ pub struct Snapshot {
     pub items: Vec<Arc<Stored>>,
 }
 
+/// What the view holds of one kind: its objects, its changes for resumption and its feed. A
+/// watcher of one kind wakes only for that kind's changes, so a burst of pod events neither
+/// wakes nor lags a Service watcher.
 #[derive(Debug)]
-struct State {
-    base: u64,
-    counter: u64,
-    objects: HashMap<Kind, BTreeMap<NsName, Arc<Stored>>>,
-    /// The JSON bytes of the objects in `objects` (what a full LIST of every kind serves).
-    json_bytes: usize,
-    /// Changes for resumption, each with the instant it was published.
+struct Shelf {
+    objects: BTreeMap<NsName, Arc<Stored>>,
+    /// Changes for resumption, each with the instant it was published, oldest first.
     history: VecDeque<(Instant, Event)>,
-    history_cap: usize,
-    /// Under the lock, so that subscribing and snapshotting are one step, and so that
+    /// The newest version of this kind that left `history`: a watch of this kind resumes
+    /// from any version at least this (every later change is still held).
+    evicted: u64,
+    /// Under the view's lock, so that subscribing and snapshotting are one step, and so that
     /// [`View::disconnect`] can replace it.
     tx: broadcast::Sender<Event>,
 }
 
+impl Shelf {
+    fn new() -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            evicted: 0,
+            tx: broadcast::channel(FANOUT_BACKLOG).0,
+        }
+    }
+
+    fn evict_front(&mut self) {
+        if let Some((_, e)) = self.history.pop_front() {
+            self.evicted = self.evicted.max(e.resource_version);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    base: u64,
+    counter: u64,
+    shelves: [Shelf; Kind::ALL.len()],
+    /// The JSON bytes of the objects held (what a full LIST of every kind serves).
+    json_bytes: usize,
+    /// Changes held for resumption, over every kind.
+    history_len: usize,
+    history_cap: usize,
+}
+
 impl State {
+    fn shelf(&self, kind: Kind) -> &Shelf {
+        &self.shelves[kind.index()]
+    }
+
+    fn shelf_mut(&mut self, kind: Kind) -> &mut Shelf {
+        &mut self.shelves[kind.index()]
+    }
+
     fn snapshot(&self, kind: Kind) -> Snapshot {
         Snapshot {
             resource_version: self.base | self.counter,
-            items: self
-                .objects
-                .get(&kind)
-                .map(|m| m.values().cloned().collect())
-                .unwrap_or_default(),
+            items: self.shelf(kind).objects.values().cloned().collect(),
+        }
+    }
+
+    /// Drops the oldest change held, whatever its kind (the history's count bound is shared).
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .shelves
+            .iter_mut()
+            .filter_map(|s| Some((s.history.front()?.1.resource_version, s)))
+            .min_by_key(|(rv, _)| *rv);
+        if let Some((_, shelf)) = oldest {
+            shelf.evict_front();
+            self.history_len -= 1;
         }
     }
 }
@@ -180,17 +248,15 @@ impl View {
     /// An empty view for one incarnation (a number that differs between runs and replicas; the
     /// low 23 bits are used).
     pub fn new(incarnation: u32, history_cap: usize) -> Self {
-        let (tx, _) = broadcast::channel(FANOUT_BACKLOG);
         let base = u64::from(incarnation & 0x7f_ffff).max(1) << COUNTER_BITS;
         Self {
             state: Arc::new(RwLock::new(State {
                 base,
                 counter: 0,
-                objects: HashMap::new(),
+                shelves: std::array::from_fn(|_| Shelf::new()),
                 json_bytes: 0,
-                history: VecDeque::new(),
+                history_len: 0,
                 history_cap: history_cap.max(1),
-                tx,
             })),
             pages: Arc::default(),
         }
@@ -226,8 +292,7 @@ impl View {
                 Change::Upsert(o) => (o.key(), Some(o)),
                 Change::Delete(k) => (k, None),
             };
-            let slot = s.objects.entry(key.kind).or_default();
-            let old = slot.get(&key.id).cloned();
+            let old = s.shelf(key.kind).objects.get(&key.id).cloned();
             let kind = match (&old, &new) {
                 (Some(old), Some(new)) if old.object == *new => continue,
                 (None, None) => continue,
@@ -238,21 +303,20 @@ impl View {
             s.counter += 1;
             let rv = s.base | (s.counter & COUNTER_MASK);
             s.json_bytes -= old.as_ref().map_or(0, |o| o.json.len());
-            let stored = match new {
+            let (stored, frame) = match new {
                 Some(o) => {
-                    let stored = Arc::new(Stored::new(o, rv));
+                    let (stored, frame) = Stored::framed(o, rv, kind);
+                    let stored = Arc::new(stored);
                     s.json_bytes += stored.json.len();
-                    s.objects
-                        .entry(key.kind)
-                        .or_default()
-                        .insert(key.id, stored.clone());
-                    stored
+                    s.shelf_mut(key.kind).objects.insert(key.id, stored.clone());
+                    (stored, frame)
                 }
                 None => {
-                    s.objects.entry(key.kind).or_default().remove(&key.id);
+                    s.shelf_mut(key.kind).objects.remove(&key.id);
                     // The last state, re-versioned so the deletion has a version of its own.
                     let Some(last) = &old else { continue };
-                    Arc::new(Stored::new(last.object.clone(), rv))
+                    let (stored, frame) = Stored::framed(last.object.clone(), rv, kind);
+                    (Arc::new(stored), frame)
                 }
             };
             let previous = if kind == EventType::Modified {
@@ -263,26 +327,28 @@ impl View {
             events.push(Event {
                 resource_version: rv,
                 kind,
-                frame: frame(kind.as_str(), &stored.json),
+                frame,
                 object: stored,
                 previous,
             });
         }
         let now = Instant::now();
         for e in &events {
-            if s.history.len() == s.history_cap {
-                s.history.pop_front();
+            if s.history_len == s.history_cap {
+                s.evict_oldest();
             }
-            s.history.push_back((now, e.clone()));
+            let shelf = s.shelf_mut(e.object.object.kind());
+            shelf.history.push_back((now, e.clone()));
             // No receivers is fine: nobody watches yet.
-            let _ = s.tx.send(e.clone());
+            let _ = shelf.tx.send(e.clone());
+            s.history_len += 1;
         }
         events
     }
 
     /// One object.
     pub fn get(&self, key: &ObjKey) -> Option<Arc<Stored>> {
-        self.read().objects.get(&key.kind)?.get(&key.id).cloned()
+        self.read().shelf(key.kind).objects.get(&key.id).cloned()
     }
 
     /// The JSON bytes of every object served (each object's own encoding; the view holds it
@@ -293,12 +359,12 @@ impl View {
 
     /// Number of objects of a kind.
     pub fn len(&self, kind: Kind) -> usize {
-        self.read().objects.get(&kind).map_or(0, BTreeMap::len)
+        self.read().shelf(kind).objects.len()
     }
 
     /// True when the view holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.read().objects.values().all(BTreeMap::is_empty)
+        self.read().shelves.iter().all(|s| s.objects.is_empty())
     }
 
     /// Every object of a kind, consistent with the returned version.
@@ -306,42 +372,60 @@ impl View {
         self.read().snapshot(kind)
     }
 
-    /// A snapshot of a kind and a receiver of every change after it, with no gap between them.
+    /// A snapshot of a kind and a receiver of every later change of that kind, with no gap
+    /// between them.
     pub fn list_and_watch(&self, kind: Kind) -> (Snapshot, broadcast::Receiver<Event>) {
+        let [one] = self.list_and_watch_each([kind]);
+        one
+    }
+
+    /// [`View::list_and_watch`] for several kinds at one version: the snapshots and receivers
+    /// are taken together, so no change of any of them falls between.
+    pub fn list_and_watch_each<const N: usize>(
+        &self,
+        kinds: [Kind; N],
+    ) -> [(Snapshot, broadcast::Receiver<Event>); N] {
         let s = self.read();
         // Subscribing under the read lock: no publication can slip between snapshot and receiver.
-        let rx = s.tx.subscribe();
-        (s.snapshot(kind), rx)
+        kinds.map(|k| (s.snapshot(k), s.shelf(k).tx.subscribe()))
     }
 
     /// Ends every watch: their streams close and clients resume (a stopped server does this).
     pub fn disconnect(&self) {
         let mut s = self.write();
-        s.tx = broadcast::channel(FANOUT_BACKLOG).0;
+        for shelf in &mut s.shelves {
+            shelf.tx = broadcast::channel(FANOUT_BACKLOG).0;
+        }
     }
 
     /// Forgets the change history, so every resume from an older version gets 410 Expired
     /// (an API server whose watch cache was reset, or etcd compaction).
     pub fn compact_history(&self) {
         let mut s = self.write();
-        s.history.clear();
+        let now = s.base | s.counter;
+        for shelf in &mut s.shelves {
+            shelf.history.clear();
+            shelf.evicted = now;
+        }
+        s.history_len = 0;
     }
 
     /// Forgets changes published before `cutoff` (the history's age bound; the engine calls
     /// this as time passes). A resume from before them gets 410 Expired.
     pub fn expire_history(&self, cutoff: Instant) {
-        if self
-            .read()
-            .history
-            .front()
-            .is_none_or(|(t, _)| *t >= cutoff)
-        {
+        let old = |s: &Shelf| s.history.front().is_some_and(|(t, _)| *t < cutoff);
+        if !self.read().shelves.iter().any(old) {
             return;
         }
         let mut s = self.write();
-        while s.history.front().is_some_and(|(t, _)| *t < cutoff) {
-            s.history.pop_front();
+        let mut dropped = 0;
+        for shelf in &mut s.shelves {
+            while old(shelf) {
+                shelf.evict_front();
+                dropped += 1;
+            }
         }
+        s.history_len -= dropped;
     }
 
     /// Checks that this incarnation issued `resource_version` (it may be older than the history):
@@ -357,29 +441,28 @@ impl View {
         }
     }
 
-    /// The changes after `resource_version` and a receiver of every later one.
+    /// The changes of `kind` after `resource_version` and a receiver of every later one.
+    /// Only this kind's history counts: a flood of pods that pushed older changes out does
+    /// not expire a Service watcher's version unless a Service change went with them.
     pub fn watch_from(
         &self,
+        kind: Kind,
         resource_version: u64,
     ) -> Result<(Vec<Event>, broadcast::Receiver<Event>), ResumeError> {
         let s = self.read();
         if resource_version & !COUNTER_MASK != s.base {
             return Err(ResumeError::Expired);
         }
-        let counter = resource_version & COUNTER_MASK;
-        if counter > s.counter {
+        if resource_version & COUNTER_MASK > s.counter {
             return Err(ResumeError::TooLarge);
         }
-        let oldest = s
-            .history
-            .front()
-            .map_or(s.counter + 1, |(_, e)| e.resource_version & COUNTER_MASK);
-        // Resuming needs every change after `counter`: the first of them must still be held.
-        if counter + 1 < oldest && counter < s.counter {
+        let shelf = s.shelf(kind);
+        // Resuming needs every change after the version: none of them may have left.
+        if resource_version < shelf.evicted {
             return Err(ResumeError::Expired);
         }
-        let rx = s.tx.subscribe();
-        let events = s
+        let rx = shelf.tx.subscribe();
+        let events = shelf
             .history
             .iter()
             .filter(|(_, e)| e.resource_version > resource_version)
@@ -482,23 +565,29 @@ mod tests {
         let view = View::new(3, 2);
         let first = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
         let second = view.apply([Change::Upsert(mk_service("a", "2"))])[0].resource_version;
-        let (events, _rx) = view.watch_from(first).expect("in history");
+        let (events, _rx) = view.watch_from(Kind::Service, first).expect("in history");
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].resource_version, second);
         view.apply([Change::Upsert(mk_service("a", "3"))]);
         view.apply([Change::Upsert(mk_service("a", "4"))]);
         assert_eq!(
-            view.watch_from(first).err(),
+            view.watch_from(Kind::Service, first).err(),
             Some(ResumeError::Expired),
             "history holds 2"
         );
         assert_eq!(
-            view.watch_from(view.resource_version() + 1).err(),
+            view.watch_from(Kind::Service, view.resource_version() + 1)
+                .err(),
             Some(ResumeError::TooLarge)
         );
         let other_run = View::new(4, 2).resource_version();
-        assert_eq!(view.watch_from(other_run).err(), Some(ResumeError::Expired));
-        let (events, _rx) = view.watch_from(view.resource_version()).expect("now");
+        assert_eq!(
+            view.watch_from(Kind::Service, other_run).err(),
+            Some(ResumeError::Expired)
+        );
+        let (events, _rx) = view
+            .watch_from(Kind::Service, view.resource_version())
+            .expect("now");
         assert!(events.is_empty());
     }
 
@@ -514,6 +603,84 @@ mod tests {
         assert!(e.resource_version > snap.resource_version);
     }
 
+    fn mk_pod(name: &str, phase: &str) -> Object {
+        use k8s_openapi::api::core::v1::{Pod, PodStatus};
+        Object::Pod(Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    /// A burst of pod changes larger than a receiver's backlog and the history: a Service
+    /// watcher neither wakes for it nor lags, and resumes from its version afterwards.
+    #[tokio::test]
+    async fn a_pod_burst_neither_lags_nor_expires_a_service_watcher() {
+        let view = View::new(2, 1000);
+        view.apply([Change::Upsert(mk_service("a", "1"))]);
+        let (_, mut services) = view.list_and_watch(Kind::Service);
+        let (_, mut pods) = view.list_and_watch(Kind::Pod);
+        let seen = view.resource_version();
+        for i in 0..FANOUT_BACKLOG + 10 {
+            let phase = if i % 2 == 0 { "Running" } else { "Failed" };
+            view.apply([Change::Upsert(mk_pod("p", phase))]);
+        }
+        assert!(
+            matches!(
+                pods.try_recv(),
+                Err(broadcast::error::TryRecvError::Lagged(_))
+            ),
+            "the pod watcher fell behind: the burst is real"
+        );
+        assert!(
+            matches!(
+                services.try_recv(),
+                Err(broadcast::error::TryRecvError::Empty)
+            ),
+            "no pod change reached the Service feed"
+        );
+        view.apply([Change::Upsert(mk_service("a", "2"))]);
+        let e = services.recv().await.expect("the service's change");
+        assert_eq!(e.object.object, mk_service("a", "2"));
+
+        // The pods pushed every older change out of the history (1000 held), the Service's
+        // among them only if it was older than `seen`.
+        assert_eq!(
+            view.watch_from(Kind::Pod, seen).err(),
+            Some(ResumeError::Expired)
+        );
+        let (events, _rx) = view
+            .watch_from(Kind::Service, seen)
+            .expect("no Service change after `seen` left the history");
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].resource_version, e.resource_version);
+    }
+
+    #[test]
+    fn a_stored_object_and_its_event_share_one_buffer() {
+        let view = View::new(1, 100);
+        let e = view.apply([Change::Upsert(mk_service("a", "1"))]);
+        let (json, frame) = (&e[0].object.json, &e[0].frame);
+        let start = frame.len() - json.len() - 2;
+        assert_eq!(
+            &frame[..],
+            [&b"{\"type\":\"ADDED\",\"object\":"[..], json, b"}\n"].concat()
+        );
+        assert!(
+            std::ptr::eq(json.as_ptr(), frame[start..].as_ptr()),
+            "the stored JSON points into the frame"
+        );
+        let framed: serde_json::Value = serde_json::from_slice(frame).expect("a JSON line");
+        assert_eq!(framed["object"]["metadata"]["name"], "a");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn history_older_than_the_cutoff_is_forgotten() {
         let view = View::new(5, 100);
@@ -523,12 +690,12 @@ mod tests {
         view.apply([Change::Upsert(mk_service("a", "2"))]);
         view.expire_history(Instant::now() - std::time::Duration::from_secs(30));
         assert_eq!(
-            view.watch_from(start).err(),
+            view.watch_from(Kind::Service, start).err(),
             Some(ResumeError::Expired),
             "the change after `start` is older than the cutoff"
         );
         let (events, _rx) = view
-            .watch_from(old)
+            .watch_from(Kind::Service, old)
             .expect("the change after `old` is kept");
         assert_eq!(events.len(), 1);
     }

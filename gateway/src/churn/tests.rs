@@ -8,6 +8,7 @@ use floodgate_link_crd::{AutoRelease, KubeDuration, LinkSpec, Phase, RemoteSpec}
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::sync::broadcast;
 use tokio::time::{self, Instant};
 
 use super::quarantine::{RequestError, State, StateName};
@@ -116,17 +117,35 @@ fn relist(e: &mut Engine, objects: Vec<Object>) {
 /// Advances paused time in `step`s up to `total`, polling on the way, and returns the view's
 /// events with the instant each was published.
 async fn run(e: &mut Engine, total: Duration, step: Duration) -> Vec<(Instant, Event)> {
-    let mut rx = e.view().list_and_watch(Kind::Service).1;
+    let mut feeds = Feeds::of(e.view());
     let mut out = Vec::new();
     let end = Instant::now() + total;
     while Instant::now() < end {
         time::advance(step).await;
         e.poll(Instant::now());
-        while let Ok(ev) = rx.try_recv() {
-            out.push((Instant::now(), ev));
-        }
+        out.extend(feeds.drain().into_iter().map(|ev| (Instant::now(), ev)));
     }
     out
+}
+
+/// Receivers of every kind's feed of a view (it has one per kind).
+struct Feeds(Vec<broadcast::Receiver<Event>>);
+
+impl Feeds {
+    fn of(view: &View) -> Self {
+        Self(Kind::ALL.map(|k| view.list_and_watch(k).1).into())
+    }
+
+    /// The events queued on every feed, in the order the view published them.
+    fn drain(&mut self) -> Vec<Event> {
+        let mut events: Vec<Event> = self
+            .0
+            .iter_mut()
+            .flat_map(|rx| std::iter::from_fn(|| rx.try_recv().ok()))
+            .collect();
+        events.sort_by_key(|ev| ev.resource_version);
+        events
+    }
 }
 
 fn apply(e: &mut Engine, o: Object) {

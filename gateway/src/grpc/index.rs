@@ -3,8 +3,8 @@
 //! built without scanning the whole view. It holds pointers into the view's objects (`Arc`s),
 //! not copies.
 //!
-//! [`Index::resync`] takes a consistent starting point from the view (a fresh subscription
-//! first, then the lists, so no change falls between them); [`Index::apply`] folds in one
+//! [`Index::resync`] takes a consistent starting point from the view (the two kinds' feeds and
+//! lists at one version, so no change falls between them); [`Index::apply`] folds in one
 //! change and names the service it touched.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -14,11 +14,39 @@ use floodgate_link_crd::Phase;
 use floodgate_proto::v1::EndpointSnapshot;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
 use super::snapshot;
 use crate::model::{Kind, NsName, Object, slice_service};
 use crate::view::{Event, EventType, View};
+
+/// The view's Service and EndpointSlice feeds, followed together (the other kinds' changes
+/// never wake a stream).
+#[derive(Debug)]
+pub struct Feeds {
+    services: broadcast::Receiver<Event>,
+    slices: broadcast::Receiver<Event>,
+}
+
+impl Feeds {
+    /// The next change of either kind; a Service change first when both have one. Cancel-safe,
+    /// as each receiver's `recv` is.
+    pub async fn recv(&mut self) -> Result<Event, RecvError> {
+        tokio::select! {
+            biased;
+            r = self.services.recv() => r,
+            r = self.slices.recv() => r,
+        }
+    }
+
+    /// A change already queued on either feed.
+    pub fn try_recv(&mut self) -> Result<Event, TryRecvError> {
+        match self.services.try_recv() {
+            Err(TryRecvError::Empty) => self.slices.try_recv(),
+            r => r,
+        }
+    }
+}
 
 /// The watched part of a view.
 #[derive(Debug, Default)]
@@ -67,12 +95,14 @@ impl Index {
     /// Starts over from the view's current state: subscribes, then lists. Returns the new
     /// receiver and every service whose snapshot must be (re)sent: those indexed before and
     /// those indexed now, so a service that vanished meanwhile gets `exists = false`.
-    pub fn resync(&mut self, view: &View) -> (broadcast::Receiver<Event>, BTreeSet<NsName>) {
+    pub fn resync(&mut self, view: &View) -> (Feeds, BTreeSet<NsName>) {
         let mut dirty = self.keys();
-        let (services, rx) = view.list_and_watch(Kind::Service);
-        // Listed after subscribing: changes to slices between the two are in both, and the
-        // floor below skips their second copy.
-        let slices = view.list(Kind::EndpointSlice);
+        let [(services, services_rx), (slices, slices_rx)] =
+            view.list_and_watch_each([Kind::Service, Kind::EndpointSlice]);
+        let rx = Feeds {
+            services: services_rx,
+            slices: slices_rx,
+        };
         self.services.clear();
         self.slices.clear();
         self.owner.clear();

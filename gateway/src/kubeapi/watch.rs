@@ -85,7 +85,7 @@ pub fn watch(
         (items, rx, snap.resource_version)
     } else {
         let asked = parse_rv(&rv)?;
-        match view.watch_from(asked) {
+        match view.watch_from(def.kind, asked) {
             Ok((events, rx)) => {
                 // History comes first: replay it through the same path as live events.
                 let mut w = Watcher::new(
@@ -227,12 +227,10 @@ impl Watcher {
         if ev.resource_version <= self.last_rv {
             return None;
         }
-        // Every event moves the watcher's version on, so its bookmarks carry the view's latest
-        // version and a resume skips what this watcher did not need.
+        // The feed carries this watcher's kind only. Every event of it moves the version on,
+        // selected or not, so a bookmark or a resume skips what this watcher did not need; a
+        // resume from it is valid while that kind's history holds the later changes.
         self.last_rv = ev.resource_version;
-        if ev.object.object.kind() != self.def.kind {
-            return None;
-        }
         let (ns, q) = (self.namespace.as_deref(), &self.query);
         let now_in = selected(&ev.object, ns, q);
         let kind = match (ev.kind, &ev.previous) {

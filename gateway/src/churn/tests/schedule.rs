@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use tokio::sync::broadcast;
 use tokio::time::{self, Instant};
 
 use super::*;
 
-/// Drains the view's events and says of which kinds they were (the view has one feed for every
-/// kind).
-fn kinds(rx: &mut broadcast::Receiver<Event>) -> Vec<Kind> {
-    std::iter::from_fn(|| rx.try_recv().ok())
+/// Drains the view's events and says of which kinds they were, in the order published.
+fn kinds(feeds: &mut Feeds) -> Vec<Kind> {
+    feeds
+        .drain()
+        .iter()
         .map(|ev| ev.object.object.kind())
         .collect()
 }
@@ -67,7 +67,7 @@ async fn a_calm_change_goes_at_once_and_a_burst_waits_for_quiet_but_never_longer
 
 /// Service `a` with one endpoint and its pod, synced and then quiet for a second, and a
 /// receiver of the view's events.
-async fn quiet_service() -> (Engine, broadcast::Receiver<Event>) {
+async fn quiet_service() -> (Engine, Feeds) {
     let e = synced(
         &mk_spec(),
         vec![
@@ -76,9 +76,9 @@ async fn quiet_service() -> (Engine, broadcast::Receiver<Event>) {
             mk_pod("a-1", "Running"),
         ],
     );
-    let rx = e.view().list_and_watch(Kind::Pod).1;
+    let feeds = Feeds::of(e.view());
     time::advance(Duration::from_secs(1)).await;
-    (e, rx)
+    (e, feeds)
 }
 
 /// One rollout touches a Pod and its EndpointSlice, on two watches, a millisecond apart: both
