@@ -145,3 +145,112 @@ async fn a_truncated_service_says_so_in_its_annotations() {
         .expect("served");
     assert!(svc.object.meta().annotations.is_none());
 }
+
+/// The pods the view serves, by name.
+fn served_pods(e: &Engine) -> Vec<String> {
+    e.view()
+        .list(Kind::Pod)
+        .items
+        .iter()
+        .filter_map(|s| s.object.meta().name.clone())
+        .collect()
+}
+
+/// Answers every fetch the engine asked for with a running pod, and returns what it asked.
+fn answer_fetches(e: &mut Engine) -> Vec<NsName> {
+    let mut asked = fetch_requests(e);
+    asked.sort();
+    for p in &asked {
+        e.ingest(Change::Fetched(mk_pod(&p.name, "Running")), Instant::now());
+    }
+    asked
+}
+
+/// A service grows under its cap: the new pods' events came before the slice named them (as
+/// on a real remote, where a pod exists before its endpoint), so the store dropped them. The
+/// slice's growth fetches exactly those pods, once, and each is served with its endpoint.
+#[tokio::test(start_paused = true)]
+async fn growing_published_endpoints_fetches_exactly_the_new_pods() {
+    let mut e = synced(
+        &mk_spec(),
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-1", &[(1, true), (2, true)]),
+        ],
+    );
+    assert_eq!(answer_fetches(&mut e).len(), 2);
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(served_pods(&e), ["web-1", "web-2"]);
+    let fetched = e.counters().pods_fetched;
+
+    // Two pods start; their endpoints are not in the slice yet: nobody wants them.
+    apply(&mut e, mk_pod("web-3", "Pending"));
+    apply(&mut e, mk_pod("web-4", "Pending"));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(
+        served_pods(&e),
+        ["web-1", "web-2"],
+        "no endpoint names them"
+    );
+    assert!(fetch_requests(&mut e).is_empty());
+
+    apply(
+        &mut e,
+        mk_slice(
+            "web",
+            "web-1",
+            &[(1, true), (2, true), (3, false), (4, true)],
+        ),
+    );
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(
+        answer_fetches(&mut e),
+        [NsName::new("ns", "web-3"), NsName::new("ns", "web-4")],
+        "exactly the pods the growth needs"
+    );
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(served_pods(&e), ["web-1", "web-2", "web-3", "web-4"]);
+    assert_eq!(e.counters().pods_fetched, fetched + 2);
+    assert!(fetch_requests(&mut e).is_empty(), "nothing asked twice");
+}
+
+/// Under a cap of 2 the cap prefers ready endpoints: when a withheld endpoint turns ready it
+/// takes the place of a not-ready one, its pod is fetched (only it) and the other's pod goes.
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_turning_ready_under_the_cap_fetches_its_pod_only() {
+    let mut spec = mk_spec();
+    spec.caps.max_endpoints_per_service = 2;
+    let mut e = synced(
+        &spec,
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-1", &[(1, true), (2, false), (3, false)]),
+        ],
+    );
+    let first = answer_fetches(&mut e);
+    assert_eq!(first.len(), 2, "two endpoints published: {first:?}");
+    assert!(first.contains(&NsName::new("ns", "web-1")));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    let withheld = if first.contains(&NsName::new("ns", "web-2")) {
+        3
+    } else {
+        2
+    };
+    let kept = 5 - withheld;
+
+    let mut eps = vec![(1, true), (2, false), (3, false)];
+    eps[withheld as usize - 1].1 = true;
+    apply(&mut e, mk_slice("web", "web-1", &eps));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(
+        answer_fetches(&mut e),
+        [NsName::new("ns", &format!("web-{withheld}"))],
+        "only the endpoint that became published needs its pod"
+    );
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(
+        served_pods(&e),
+        ["web-1".to_owned(), format!("web-{withheld}")],
+        "web-{kept}'s endpoint is withheld now, and its pod with it"
+    );
+}
