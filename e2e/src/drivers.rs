@@ -316,7 +316,7 @@ impl Cluster {
             controller: Some(true),
             ..Default::default()
         }]);
-        Object::Pod(Arc::new(Pod {
+        let pod = Pod {
             metadata: meta,
             spec: None,
             status: Some(PodStatus {
@@ -332,7 +332,8 @@ impl Cluster {
                 }]),
                 ..Default::default()
             }),
-        }))
+        };
+        Object::Pod(Arc::new(pod.into()))
     }
 
     /// The EndpointSlice and Endpoints controllers: rewrites the slices in `changed` (and drops

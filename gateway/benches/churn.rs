@@ -111,10 +111,11 @@ fn bench(c: &mut Criterion) {
                     (i / 2 / SERVICES).is_multiple_of(2),
                 ))
             } else {
-                Change::Apply(Object::Pod(Arc::new(Pod {
+                let pod = Pod {
                     metadata: meta(format!("crash-{i}"), &[]),
                     ..Default::default()
-                })))
+                };
+                Change::Apply(Object::Pod(Arc::new(pod.into())))
             }
         })
         .collect();

@@ -369,7 +369,7 @@ pub fn start(
             let c = c.clone();
             move |w| watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w)
         },
-        |s| typed(s, |s| Object::EndpointSlice(Arc::new(s))),
+        |s| typed(s, |s| Object::EndpointSlice(Arc::new(trim::slice(s)))),
         Gate::Open,
         None,
     );
@@ -381,7 +381,7 @@ pub fn start(
             let c = c.clone();
             move |w| watcher::watcher(Api::<Endpoints>::all(c.clone()), w)
         },
-        |s| typed(s, |s| Object::Endpoints(Arc::new(s))),
+        |s| typed(s, |s| Object::Endpoints(Arc::new(trim::endpoints(s)))),
         Gate::Open,
         None,
     );
@@ -393,7 +393,7 @@ pub fn start(
             let c = c.clone();
             move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w)
         },
-        |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p)))),
+        |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p).into()))),
         Gate::After(pods_gate.clone()),
         Some(wanted),
     );

@@ -26,10 +26,11 @@ pub mod pages;
 const COUNTER_BITS: u32 = 40;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
 
-/// Changes a receiver may fall behind before it is told it lagged (and the facade closes its
-/// stream so the client resumes or relists). 4096 events is several seconds of a link's full
-/// default budget (50 publications/s of a few objects each) while costing a few pointers each.
-pub const FANOUT_BACKLOG: usize = 4096;
+/// Changes of one kind a receiver may fall behind before it is told it lagged (and the facade
+/// closes its stream so the client resumes from the history or relists). 2048 events of one
+/// kind is seconds of a link's full default budget (50 publications/s of a few objects each);
+/// each kind's feed allocates its ring at once, 88 bytes a slot (1.1 MB for the six).
+pub const FANOUT_BACKLOG: usize = 2048;
 
 /// Changes kept for resumption. At the default budget this is minutes of history.
 pub const DEFAULT_HISTORY: usize = 10_000;
@@ -605,7 +606,7 @@ mod tests {
 
     fn mk_pod(name: &str, phase: &str) -> Object {
         use k8s_openapi::api::core::v1::{Pod, PodStatus};
-        Object::Pod(Arc::new(Pod {
+        let pod = Pod {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
@@ -616,7 +617,8 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
-        }))
+        };
+        Object::Pod(Arc::new(pod.into()))
     }
 
     /// A burst of pod changes larger than a receiver's backlog and the history: a Service

@@ -10,12 +10,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
-use crate::model::{Group, Kind, NsName, ObjKey, Object, Server, pod_replicasets, slice_service};
+use crate::model::{
+    Group, Kind, NsName, ObjKey, Object, PodObject, Server, pod_replicasets, slice_service,
+};
 
 /// What a change touched.
 #[derive(Debug, Default)]
@@ -42,7 +44,7 @@ pub struct Store {
     slices: HashMap<NsName, Arc<EndpointSlice>>,
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
     endpoints: HashMap<NsName, Arc<Endpoints>>,
-    pods: HashMap<NsName, Arc<Pod>>,
+    pods: HashMap<NsName, Arc<PodObject>>,
     replicasets: HashMap<NsName, Arc<ObjectMeta>>,
     rs_pods: HashMap<NsName, HashSet<NsName>>,
     servers: HashMap<NsName, Arc<Server>>,
@@ -255,7 +257,7 @@ impl Store {
     }
 
     /// Stops holding a pod (nobody wants it any more, or it was deleted).
-    pub fn drop_pod(&mut self, id: &NsName) -> Option<Arc<Pod>> {
+    pub fn drop_pod(&mut self, id: &NsName) -> Option<Arc<PodObject>> {
         let old = self.pods.remove(id)?;
         for rs in pod_replicasets(&old) {
             if let Some(set) = self.rs_pods.get_mut(&rs) {
@@ -291,7 +293,7 @@ impl Store {
     }
 
     /// A pod, if held.
-    pub fn pod(&self, id: &NsName) -> Option<&Arc<Pod>> {
+    pub fn pod(&self, id: &NsName) -> Option<&Arc<PodObject>> {
         self.pods.get(id)
     }
 

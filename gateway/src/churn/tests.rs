@@ -78,14 +78,17 @@ pub(crate) fn mk_slice(svc: &str, name: &str, eps: &[(u32, bool)]) -> Object {
 }
 
 pub(crate) fn mk_pod(name: &str, phase: &str) -> Object {
-    Object::Pod(Arc::new(Pod {
-        metadata: meta(name, &[]),
-        status: Some(k8s_openapi::api::core::v1::PodStatus {
-            phase: Some(phase.into()),
+    Object::Pod(Arc::new(
+        Pod {
+            metadata: meta(name, &[]),
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    }))
+        }
+        .into(),
+    ))
 }
 
 const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];

@@ -37,7 +37,7 @@ pub async fn fetch_pods(
     while let Some((result, id)) = results.next().await {
         let change = match result {
             // Admitted as the pod watcher admits pods.
-            Ok(Some(w)) => match wired(w, |p| Object::Pod(Arc::new(super::trim::pod(p)))) {
+            Ok(Some(w)) => match wired(w, |p| Object::Pod(Arc::new(super::trim::pod(p).into()))) {
                 Ok(pod) => Change::Fetched(pod),
                 Err(why) => {
                     refuse(Kind::Pod, why, &counters);

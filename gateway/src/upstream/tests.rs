@@ -14,15 +14,18 @@ use crate::model::{NsName, Object};
 use crate::view::{self, View};
 
 fn pod(name: &str, note: &str) -> Object {
-    Object::Pod(Arc::new(Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("prod".into()),
-            annotations: Some([("note".to_owned(), note.to_owned())].into()),
-            ..ObjectMeta::default()
-        },
-        ..Pod::default()
-    }))
+    Object::Pod(Arc::new(
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("prod".into()),
+                annotations: Some([("note".to_owned(), note.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+        .into(),
+    ))
 }
 
 /// A client of a facade serving `view` on a loopback port.

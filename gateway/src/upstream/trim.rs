@@ -1,7 +1,8 @@
 //! Pods trimmed to the fields their consumers read, at the upstream edge, before the engine
 //! holds them. Pods are the kind a remote has most of, and most of a pod's JSON (volumes,
 //! images, probes, resources, tolerations, affinity, container states, managed fields) is read
-//! by nobody Floodgate serves.
+//! by nobody Floodgate serves. A trimmed pod is then held as a [`crate::model::PodObject`]:
+//! its metadata typed, its spec and status as their JSON.
 //!
 //! What is kept, from what Linkerd's destination controller (endpoint translation, workload
 //! and opaque-ports lookups, identity) and the facade's own views read (README, "What
@@ -15,7 +16,16 @@
 //!   container status its name, ready, started and restartCount (kubectl's READY and
 //!   RESTARTS columns; `image` and `imageID`, required by the type, are left empty).
 
-use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+//!
+//! EndpointSlices and Endpoints are held whole (the cap chooses among all of a service's
+//! endpoints, and Linkerd reads nearly every field of a kept one), but with their vectors
+//! shrunk to their length: a decoder grows a vector by doubling from four, so a slice of 100
+//! endpoints held room for 128 (352 bytes each) and every one-address endpoint room for four.
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerStatus, EndpointSubset, Endpoints, Pod, PodSpec, PodStatus,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The proxy container whose environment is kept.
@@ -62,6 +72,44 @@ pub fn pod(p: Pod) -> Pod {
     }
 }
 
+/// `s` with every vector shrunk to its length.
+pub fn slice(mut s: EndpointSlice) -> EndpointSlice {
+    let endpoints = s.endpoints.iter_mut().flatten();
+    for e in endpoints {
+        e.addresses.shrink_to_fit();
+        if let Some(z) = e.hints.as_mut().and_then(|h| h.for_zones.as_mut()) {
+            z.shrink_to_fit();
+        }
+    }
+    if let Some(v) = &mut s.endpoints {
+        v.shrink_to_fit();
+    }
+    if let Some(p) = &mut s.ports {
+        p.shrink_to_fit();
+    }
+    s
+}
+
+/// `e` with every vector shrunk to its length.
+pub fn endpoints(mut e: Endpoints) -> Endpoints {
+    fn subset(s: &mut EndpointSubset) {
+        for v in [&mut s.addresses, &mut s.not_ready_addresses]
+            .into_iter()
+            .flatten()
+        {
+            v.shrink_to_fit();
+        }
+        if let Some(p) = &mut s.ports {
+            p.shrink_to_fit();
+        }
+    }
+    if let Some(subsets) = &mut e.subsets {
+        subsets.shrink_to_fit();
+        subsets.iter_mut().for_each(subset);
+    }
+    e
+}
+
 fn container(c: Container) -> Container {
     Container {
         env: if c.name == PROXY { c.env } else { None },
@@ -101,6 +149,46 @@ mod tests {
             Value::Array(a) => a.iter().for_each(|v| paths(v, &format!("{at}[]"), out)),
             _ => {}
         }
+    }
+
+    #[test]
+    fn held_slices_and_endpoints_have_no_spare_room() {
+        let endpoint = |i: u32| {
+            json!({"addresses": [format!("10.0.0.{i}")], "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": format!("web-{i}"), "namespace": "prod"}})
+        };
+        // Decoded from text, as a watch event is (a `Value` knows its lengths; text does not).
+        let text = json!({
+            "metadata": {"name": "web-1", "namespace": "prod"}, "addressType": "IPv4",
+            "endpoints": (0..100).map(endpoint).collect::<Vec<_>>(),
+            "ports": [{"name": "http", "port": 8080}]
+        })
+        .to_string();
+        let s: EndpointSlice = serde_json::from_str(&text).expect("a slice");
+        let room = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::capacity);
+        assert!(room(&s) > 100, "the decoder leaves room");
+        let s = slice(s);
+        assert_eq!(room(&s), 100);
+        let held: Vec<_> = s.endpoints.iter().flatten().collect();
+        assert_eq!(held.len(), 100);
+        assert!(held.iter().all(|e| e.addresses.capacity() == 1));
+        assert_eq!(s.ports.as_ref().map(Vec::capacity), Some(1));
+
+        let text = json!({
+            "metadata": {"name": "web", "namespace": "prod"},
+            "subsets": [{"addresses": [{"ip": "10.0.0.1"}], "notReadyAddresses": [{"ip": "10.0.0.2"}],
+                "ports": [{"port": 8080}]}]
+        })
+        .to_string();
+        let e: Endpoints = serde_json::from_str(&text).expect("an Endpoints");
+        let e = endpoints(e);
+        let subsets = e.subsets.expect("kept");
+        assert_eq!(subsets.capacity(), 1);
+        assert_eq!(subsets[0].addresses.as_ref().map(Vec::capacity), Some(1));
+        assert_eq!(
+            subsets[0].not_ready_addresses.as_ref().map(Vec::capacity),
+            Some(1)
+        );
     }
 
     #[test]

@@ -81,9 +81,10 @@ async fn a_watch_event_newer_than_the_fetch_wins() {
     let Object::Pod(p) = &served.object else {
         panic!("not a pod")
     };
-    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    let status = p.to_pod().expect("it decodes").status;
+    let phase = status.and_then(|s| s.phase);
     assert_eq!(
-        phase,
+        phase.as_deref(),
         Some("Succeeded"),
         "the older fetched state is dropped"
     );
