@@ -70,8 +70,24 @@ pub fn run_command(config: &Path, state: &Path, facade: SocketAddr, admin: Socke
         .args(["--admin-listen", &admin.to_string()])
         .args(["--grpc-listen", &free_addr().to_string()])
         .kill_on_drop(true);
+    // A profiler for Floodgate alone, not for the harness around it (heaptrack's preload
+    // library: the README's "Profiling memory"). Each child gets its own heaptrack output,
+    // numbered in start order, so a run of several keeps them all.
+    if let Some(preload) = std::env::var_os(PRELOAD_ENV) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        c.env("LD_PRELOAD", preload);
+        if let Some(out) = std::env::var_os("DUMP_HEAPTRACK_OUTPUT") {
+            let mut out = out;
+            out.push(format!(".{}", STARTED.fetch_add(1, Ordering::Relaxed)));
+            c.env("DUMP_HEAPTRACK_OUTPUT", out);
+        }
+    }
     c
 }
+
+/// Set to a library path, it is preloaded into every `floodgate` child of the e2e harness.
+pub const PRELOAD_ENV: &str = "FLOODGATE_E2E_LD_PRELOAD";
 
 /// A field of `/proc/<pid>/status` in KiB (`VmHWM`: peak resident memory; `VmRSS`: now).
 pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
