@@ -2,17 +2,26 @@
 CARGO ?= cargo
 # Scale of the demo's flood; CI runs it small as a smoke test.
 DEMO_ARGS ?=
+# The cargo profile the demo is built with. CI's smoke run uses `dev`, the build `make test` already
+# made, instead of compiling everything a second time for release.
+DEMO_PROFILE ?= release
 # Where cargo puts binaries (honours CARGO_TARGET_DIR).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+# Every build names the whole workspace: cargo unifies features over the packages it builds, so
+# `-p floodgate` alone resolved other features and recompiled about a hundred dependencies
+# that the test build had already compiled.
+BUILD := $(CARGO) build --locked --workspace
+# The demo's binaries. CI adds `--tests` to reuse the test build's features as they are.
+DEMO_TARGETS ?= --bins
+DEMO_DIR := $(TARGET_DIR)/$(if $(filter dev,$(DEMO_PROFILE)),debug,$(DEMO_PROFILE))
 
 .PHONY: demo test e2e bench crds lint build prereqs image image-test
 
 ## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
 ## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
 demo:
-	$(CARGO) build --release --locked -q -p floodgate --bin floodgate
-	$(CARGO) build --release --locked -q -p floodgate-e2e --bin demo --bin consumer
-	$(TARGET_DIR)/release/demo $(DEMO_ARGS)
+	$(BUILD) -q --profile $(DEMO_PROFILE) $(DEMO_TARGETS)
+	$(DEMO_DIR)/demo $(DEMO_ARGS)
 
 # The Python kubernetes client the client tests drive, in a virtualenv of its own.
 PY_VENV := $(CURDIR)/target/py-venv
@@ -30,24 +39,23 @@ prereqs:
 ## test: the whole suite (unit, property, integration with kubectl, kube-rs and the Python
 ## client, doc tests), built once, run in parallel.
 test: prereqs $(PY_VENV)/bin/python
-	$(CARGO) build --locked -p floodgate --bin floodgate
+	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
 
 ## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]), then a
 ## longer fuzz pass (20,000 proptest cases per fuzz test).
 e2e:
-	$(CARGO) build --locked -p floodgate --bin floodgate
+	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass
-	PROPTEST_CASES=20000 $(CARGO) nextest run --locked -p floodgate --no-fail-fast -E 'test(/fuzz/)'
-	PROPTEST_CASES=20000 $(CARGO) nextest run --locked -p floodgate-link-crd --no-fail-fast -E 'test(/fuzz/)'
+	PROPTEST_CASES=20000 $(CARGO) nextest run --workspace --locked --no-fail-fast \
+		-E '(package(floodgate) | package(floodgate-link-crd)) & test(/fuzz/)'
 
 ## bench: criterion benchmarks (the engine, upstream decoding, the facade), then the scenario
 ## benchmarks S1 and S2 side by side; writes target/floodgate-bench/report.json and report.md.
 bench:
 	$(CARGO) bench --workspace --locked
-	$(CARGO) build --release --locked -q -p floodgate --bin floodgate
-	$(CARGO) build --release --locked -q -p floodgate-e2e --bin scenarios --bin consumer
+	$(BUILD) --release -q --bins
 	$(TARGET_DIR)/release/scenarios --target-dir $(TARGET_DIR)
 
 ## crds: regenerate the CRD from the Rust types into manifests/crds/.
