@@ -33,7 +33,8 @@ const PROXY: &str = "linkerd-proxy";
 
 /// `p` with only the fields listed in the module docs.
 pub fn pod(p: Pod) -> Pod {
-    let m = p.metadata;
+    let mut m = p.metadata;
+    metadata(&mut m);
     Pod {
         metadata: ObjectMeta {
             name: m.name,
@@ -72,8 +73,20 @@ pub fn pod(p: Pod) -> Pod {
     }
 }
 
+/// `m`'s vectors shrunk to their length: a decoder grows a vector from four, so one owner
+/// reference held room for four (about 700 bytes an object).
+fn metadata(m: &mut ObjectMeta) {
+    if let Some(v) = &mut m.owner_references {
+        v.shrink_to_fit();
+    }
+    if let Some(v) = &mut m.finalizers {
+        v.shrink_to_fit();
+    }
+}
+
 /// `s` with every vector shrunk to its length.
 pub fn slice(mut s: EndpointSlice) -> EndpointSlice {
+    metadata(&mut s.metadata);
     let endpoints = s.endpoints.iter_mut().flatten();
     for e in endpoints {
         e.addresses.shrink_to_fit();
@@ -92,6 +105,7 @@ pub fn slice(mut s: EndpointSlice) -> EndpointSlice {
 
 /// `e` with every vector shrunk to its length.
 pub fn endpoints(mut e: Endpoints) -> Endpoints {
+    metadata(&mut e.metadata);
     fn subset(s: &mut EndpointSubset) {
         for v in [&mut s.addresses, &mut s.not_ready_addresses]
             .into_iter()
@@ -152,14 +166,16 @@ mod tests {
     }
 
     #[test]
-    fn held_slices_and_endpoints_have_no_spare_room() {
+    fn held_objects_have_no_spare_room() {
         let endpoint = |i: u32| {
             json!({"addresses": [format!("10.0.0.{i}")], "conditions": {"ready": true},
                 "targetRef": {"kind": "Pod", "name": format!("web-{i}"), "namespace": "prod"}})
         };
         // Decoded from text, as a watch event is (a `Value` knows its lengths; text does not).
         let text = json!({
-            "metadata": {"name": "web-1", "namespace": "prod"}, "addressType": "IPv4",
+            "metadata": {"name": "web-1", "namespace": "prod", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "u1"}]},
+            "addressType": "IPv4",
             "endpoints": (0..100).map(endpoint).collect::<Vec<_>>(),
             "ports": [{"name": "http", "port": 8080}]
         })
@@ -173,6 +189,16 @@ mod tests {
         assert_eq!(held.len(), 100);
         assert!(held.iter().all(|e| e.addresses.capacity() == 1));
         assert_eq!(s.ports.as_ref().map(Vec::capacity), Some(1));
+        let owners = |m: &ObjectMeta| m.owner_references.as_ref().map(Vec::capacity);
+        assert_eq!(owners(&s.metadata), Some(1));
+        let p: Pod = serde_json::from_str(
+            &json!({"metadata": {"name": "web-1", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c", "uid": "u2"}]}})
+            .to_string(),
+        )
+        .expect("a pod");
+        assert!(owners(&p.metadata) > Some(1), "the decoder leaves room");
+        assert_eq!(owners(&pod(p).metadata), Some(1));
 
         let text = json!({
             "metadata": {"name": "web", "namespace": "prod"},
