@@ -9,6 +9,9 @@
 //!   `services` exported services, no flood. Floodgate holds only the pods behind the endpoints
 //!   it publishes, so its memory follows the cap, not the remote.
 //!
+//! - **Wide** (what serving costs): many exported services, every endpoint under the cap, so
+//!   Floodgate serves all it holds; its memory is set beside the JSON it serves.
+//!
 //! Memory is Floodgate's own: the peak (`VmHWM`, the cold start included) and the steady
 //! resident size after the view has settled.
 
@@ -57,6 +60,8 @@ pub struct ColdOutcome {
     pub calm_served: usize,
     /// Pods the consumer holds (every served pod).
     pub pods_served: u64,
+    /// Objects of every kind the consumer holds: Services, EndpointSlices and pods.
+    pub objects_served: u64,
     /// Seconds from Floodgate's spawn to the flooder's containment, if it was contained.
     pub contained_after_s: Option<f64>,
     /// The services the link lists as contained at the end.
@@ -168,6 +173,7 @@ async fn measure(
         consumer_synced_s,
         calm_served,
         pods_served: stats.pods,
+        objects_served: stats.services + stats.slices + stats.pods,
         contained_after_s,
         contained: contained_services(&link),
         phase: link["phase"].as_str().unwrap_or_default().to_owned(),

@@ -92,6 +92,42 @@ pub fn cold_large_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure
     ));
 }
 
+/// What serving costs: Floodgate's steady RSS beside the JSON it serves, in all and per object.
+pub fn cold_wide_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>) {
+    let what = |f: &str| {
+        format!(
+            "Serving {} exported services of {} ready pods, all under the cap: {f}",
+            plan.services,
+            plan.pods / plan.services.max(1)
+        )
+    };
+    let rss = o.steady_kib as f64 * 1024.0;
+    let json = o.view_bytes.max(1) as f64;
+    out.push(Figure::own(
+        what("Floodgate steady RSS / JSON served"),
+        format!(
+            "{} / {:.1} MB = {:.1}x",
+            mib(o.steady_kib),
+            json / 1e6,
+            rss / json
+        ),
+        "< 3x",
+        Some(rss < 3.0 * json),
+    ));
+    let objects = o.objects_served.max(1) as f64;
+    out.push(Figure::own(
+        what("RSS per served object, beside its JSON"),
+        format!(
+            "{:.0} B vs {:.0} B of JSON ({} objects)",
+            rss / objects,
+            json / objects,
+            o.objects_served
+        ),
+        "",
+        None,
+    ));
+}
+
 pub fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
     let ratio = o.direct_events as f64 / o.via_events.max(1) as f64;
     out.push(Figure {

@@ -29,7 +29,9 @@ use clap::Parser;
 use floodgate_e2e::cold::{self, ColdPlan};
 use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 
-use crate::figures::{calm_figures, cold_flood_figures, cold_large_figures, s1_figures};
+use crate::figures::{
+    calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, s1_figures,
+};
 use crate::report::{Figure, engine_figures, facade_figures, machine, markdown};
 use floodgate_e2e::herd;
 use floodgate_link_crd::{LinkSpec, RemoteSpec};
@@ -62,9 +64,11 @@ struct Args {
     /// Cold start of a calm, large remote: ready pods behind exported services.
     #[arg(long, default_value_t = 50_000)]
     cold_pods: usize,
+    /// Serving cost: exported services of 100 ready pods each, all served.
+    #[arg(long, default_value_t = 1_000)]
+    wide_services: usize,
     /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
-    /// cold-large, s2); the
-    /// report then holds their figures only.
+    /// cold-large, cold-wide, s2); the report then holds their figures only.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -224,6 +228,20 @@ async fn main() -> anyhow::Result<()> {
             runs.push(serde_json::to_value(&o)?);
         }
         report["cold_large"] = runs.into();
+    }
+    if args.runs("cold-wide") {
+        let plan = ColdPlan {
+            pods: args.wide_services * 100,
+            services: args.wide_services,
+            ..large_plans[0].clone()
+        };
+        println!(
+            "cold start: {} services of 100 ready pods, all served",
+            plan.services
+        );
+        let o = cold::run(&dir("cold-wide")?, &plan).await?;
+        cold_wide_figures(&plan, &o, &mut figures);
+        report["cold_wide"] = serde_json::to_value(&o)?;
     }
     if args.runs("s2") {
         println!(
