@@ -1,0 +1,228 @@
+//! The view's tests: versions, history and resume, fan-out per kind, shared buffers.
+
+use super::*;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+fn mk_service(name: &str, label: &str) -> Object {
+    Object::Service(Arc::new(Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            labels: Some([("v".to_owned(), label.to_owned())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }))
+}
+
+#[test]
+fn versions_are_monotonic_never_zero_and_stamped_in_the_json() {
+    let view = View::new(7, 100);
+    assert_ne!(view.resource_version(), 0);
+    let e1 = view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let e2 = view.apply([Change::Upsert(mk_service("a", "2"))]);
+    assert_eq!(e1[0].kind, EventType::Added);
+    assert_eq!(e2[0].kind, EventType::Modified);
+    assert!(e2[0].resource_version > e1[0].resource_version);
+    let json: serde_json::Value = serde_json::from_slice(&e2[0].object.json).expect("json");
+    assert_eq!(json["kind"], "Service");
+    assert_eq!(json["apiVersion"], "v1");
+    assert_eq!(
+        json["metadata"]["resourceVersion"],
+        e2[0].resource_version.to_string()
+    );
+}
+
+#[test]
+fn json_bytes_follow_what_is_served() {
+    let view = View::new(7, 100);
+    assert_eq!(view.json_bytes(), 0);
+    view.apply([
+        Change::Upsert(mk_service("a", "1")),
+        Change::Upsert(mk_service("b", "1")),
+    ]);
+    let sum = |v: &View| -> usize {
+        v.list(Kind::Service)
+            .items
+            .iter()
+            .map(|s| s.json.len())
+            .sum()
+    };
+    assert_eq!(view.json_bytes(), sum(&view));
+    view.apply([Change::Upsert(mk_service("a", "a longer label"))]);
+    assert_eq!(view.json_bytes(), sum(&view));
+    view.apply([
+        Change::Delete(mk_service("a", "").key()),
+        Change::Delete(mk_service("b", "").key()),
+    ]);
+    assert_eq!(view.json_bytes(), 0);
+}
+
+#[test]
+fn an_unchanged_object_publishes_nothing() {
+    let view = View::new(1, 100);
+    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let rv = view.resource_version();
+    assert!(
+        view.apply([Change::Upsert(mk_service("a", "1"))])
+            .is_empty()
+    );
+    assert!(
+        view.apply([Change::Delete(mk_service("b", "1").key())])
+            .is_empty()
+    );
+    assert_eq!(view.resource_version(), rv);
+}
+
+#[test]
+fn a_deletion_carries_the_last_state_with_a_new_version() {
+    let view = View::new(1, 100);
+    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let e = view.apply([Change::Delete(mk_service("a", "1").key())]);
+    assert_eq!(e[0].kind, EventType::Deleted);
+    assert_eq!(e[0].object.object, mk_service("a", "1"));
+    assert_eq!(e[0].object.resource_version, e[0].resource_version);
+    assert_eq!(view.len(Kind::Service), 0);
+}
+
+#[test]
+fn resume_gives_exactly_the_later_changes_or_says_why_not() {
+    let view = View::new(3, 2);
+    let first = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
+    let second = view.apply([Change::Upsert(mk_service("a", "2"))])[0].resource_version;
+    let (events, _rx) = view.watch_from(Kind::Service, first).expect("in history");
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].resource_version, second);
+    view.apply([Change::Upsert(mk_service("a", "3"))]);
+    view.apply([Change::Upsert(mk_service("a", "4"))]);
+    assert_eq!(
+        view.watch_from(Kind::Service, first).err(),
+        Some(ResumeError::Expired),
+        "history holds 2"
+    );
+    assert_eq!(
+        view.watch_from(Kind::Service, view.resource_version() + 1)
+            .err(),
+        Some(ResumeError::TooLarge)
+    );
+    let other_run = View::new(4, 2).resource_version();
+    assert_eq!(
+        view.watch_from(Kind::Service, other_run).err(),
+        Some(ResumeError::Expired)
+    );
+    let (events, _rx) = view
+        .watch_from(Kind::Service, view.resource_version())
+        .expect("now");
+    assert!(events.is_empty());
+}
+
+#[tokio::test]
+async fn subscribers_see_every_change_after_their_snapshot() {
+    let view = View::new(1, 100);
+    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let (snap, mut rx) = view.list_and_watch(Kind::Service);
+    assert_eq!(snap.items.len(), 1);
+    view.apply([Change::Upsert(mk_service("b", "1"))]);
+    let e = rx.recv().await.expect("event");
+    assert_eq!(e.kind, EventType::Added);
+    assert!(e.resource_version > snap.resource_version);
+}
+
+fn mk_pod(name: &str, phase: &str) -> Object {
+    use k8s_openapi::api::core::v1::{Pod, PodStatus};
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        },
+        status: Some(PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Object::Pod(Arc::new(pod.into()))
+}
+
+/// A burst of pod changes larger than a receiver's backlog and the history: a Service
+/// watcher neither wakes for it nor lags, and resumes from its version afterwards.
+#[tokio::test]
+async fn a_pod_burst_neither_lags_nor_expires_a_service_watcher() {
+    let view = View::new(2, 1000);
+    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let (_, mut services) = view.list_and_watch(Kind::Service);
+    let (_, mut pods) = view.list_and_watch(Kind::Pod);
+    let seen = view.resource_version();
+    for i in 0..FANOUT_BACKLOG + 10 {
+        let phase = if i % 2 == 0 { "Running" } else { "Failed" };
+        view.apply([Change::Upsert(mk_pod("p", phase))]);
+    }
+    assert!(
+        matches!(
+            pods.try_recv(),
+            Err(broadcast::error::TryRecvError::Lagged(_))
+        ),
+        "the pod watcher fell behind: the burst is real"
+    );
+    assert!(
+        matches!(
+            services.try_recv(),
+            Err(broadcast::error::TryRecvError::Empty)
+        ),
+        "no pod change reached the Service feed"
+    );
+    view.apply([Change::Upsert(mk_service("a", "2"))]);
+    let e = services.recv().await.expect("the service's change");
+    assert_eq!(e.object.object, mk_service("a", "2"));
+
+    // The pods pushed every older change out of the history (1000 held), the Service's
+    // among them only if it was older than `seen`.
+    assert_eq!(
+        view.watch_from(Kind::Pod, seen).err(),
+        Some(ResumeError::Expired)
+    );
+    let (events, _rx) = view
+        .watch_from(Kind::Service, seen)
+        .expect("no Service change after `seen` left the history");
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].resource_version, e.resource_version);
+}
+
+#[test]
+fn a_stored_object_and_its_event_share_one_buffer() {
+    let view = View::new(1, 100);
+    let e = view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let (json, frame) = (&e[0].object.json, &e[0].frame);
+    let start = frame.len() - json.len() - 2;
+    assert_eq!(
+        &frame[..],
+        [&b"{\"type\":\"ADDED\",\"object\":"[..], json, b"}\n"].concat()
+    );
+    assert!(
+        std::ptr::eq(json.as_ptr(), frame[start..].as_ptr()),
+        "the stored JSON points into the frame"
+    );
+    let framed: serde_json::Value = serde_json::from_slice(frame).expect("a JSON line");
+    assert_eq!(framed["object"]["metadata"]["name"], "a");
+}
+
+#[tokio::test(start_paused = true)]
+async fn history_older_than_the_cutoff_is_forgotten() {
+    let view = View::new(5, 100);
+    let start = view.resource_version();
+    let old = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
+    tokio::time::advance(std::time::Duration::from_secs(60)).await;
+    view.apply([Change::Upsert(mk_service("a", "2"))]);
+    view.expire_history(Instant::now() - std::time::Duration::from_secs(30));
+    assert_eq!(
+        view.watch_from(Kind::Service, start).err(),
+        Some(ResumeError::Expired),
+        "the change after `start` is older than the cutoff"
+    );
+    let (events, _rx) = view
+        .watch_from(Kind::Service, old)
+        .expect("the change after `old` is kept");
+    assert_eq!(events.len(), 1);
+}
