@@ -208,6 +208,17 @@ fn a_stored_object_and_its_event_share_one_buffer() {
     assert_eq!(framed["object"]["metadata"]["name"], "a");
 }
 
+#[test]
+fn a_frame_holds_no_growth_room() {
+    // About 1.5 KB of JSON: its vector doubled from 256 bytes to 2 KB while it was written.
+    let (stored, frame) = Stored::framed(mk_service("a", &"x".repeat(1400)), 7, EventType::Added);
+    drop(stored);
+    let len = frame.len();
+    assert!(len > 1024, "{len} bytes");
+    let held = frame.try_into_mut().expect("the only reference").capacity();
+    assert_eq!(held, len, "the frame is held without its growth room");
+}
+
 #[tokio::test(start_paused = true)]
 async fn history_older_than_the_cutoff_is_forgotten() {
     let view = View::new(5, 100);
