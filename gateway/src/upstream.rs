@@ -405,7 +405,11 @@ pub fn start(
             let c = c.clone();
             move |w| watcher::watcher(Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()), w)
         },
-        |m| typed(m, |m| Object::ReplicaSet(Arc::new(m.metadata))),
+        |m| {
+            typed(m, |m| {
+                Object::ReplicaSet(Arc::new(trim::replica_set(m.metadata)))
+            })
+        },
         Gate::Open,
         None,
     );

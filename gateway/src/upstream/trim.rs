@@ -21,6 +21,8 @@
 //! endpoints, and Linkerd reads nearly every field of a kept one), but with their vectors
 //! shrunk to their length: a decoder grows a vector by doubling from four, so a slice of 100
 //! endpoints held room for 128 (352 bytes each) and every one-address endpoint room for four.
+//! Every kept object's metadata (a ReplicaSet's is all Floodgate holds of it) has its owner
+//! references and finalizers shrunk the same way.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, EndpointSubset, Endpoints, Pod, PodSpec, PodStatus,
@@ -82,6 +84,13 @@ fn metadata(m: &mut ObjectMeta) {
     if let Some(v) = &mut m.finalizers {
         v.shrink_to_fit();
     }
+}
+
+/// A ReplicaSet's metadata (all Floodgate holds of one) with its vectors shrunk: a remote keeps
+/// ten old ReplicaSets a Deployment, each with an owner reference.
+pub fn replica_set(mut m: ObjectMeta) -> ObjectMeta {
+    metadata(&mut m);
+    m
 }
 
 /// `s` with every vector shrunk to its length.
@@ -191,14 +200,20 @@ mod tests {
         assert_eq!(s.ports.as_ref().map(Vec::capacity), Some(1));
         let owners = |m: &ObjectMeta| m.owner_references.as_ref().map(Vec::capacity);
         assert_eq!(owners(&s.metadata), Some(1));
-        let p: Pod = serde_json::from_str(
-            &json!({"metadata": {"name": "web-1", "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c", "uid": "u2"}]}})
-            .to_string(),
-        )
-        .expect("a pod");
+        // A pod's and a ReplicaSet's metadata, each decoded from text.
+        let owned = || -> Pod {
+            serde_json::from_str(
+                &json!({"metadata": {"name": "web-1", "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c", "uid": "u2"}]}})
+                .to_string(),
+            )
+            .expect("a pod")
+        };
+        let (p, rs) = (owned(), owned().metadata);
         assert!(owners(&p.metadata) > Some(1), "the decoder leaves room");
+        assert!(owners(&rs) > Some(1), "the decoder leaves room");
         assert_eq!(owners(&pod(p).metadata), Some(1));
+        assert_eq!(owners(&replica_set(rs)), Some(1));
 
         let text = json!({
             "metadata": {"name": "web", "namespace": "prod"},

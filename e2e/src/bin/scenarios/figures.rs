@@ -123,7 +123,7 @@ pub fn cold_wide_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>
             json / objects,
             o.objects_served
         ),
-        "",
+        "(reported)",
         None,
     ));
 }

@@ -64,7 +64,7 @@ struct Args {
     /// Cold start of a calm, large remote: ready pods behind exported services.
     #[arg(long, default_value_t = 50_000)]
     cold_pods: usize,
-    /// Serving cost: exported services of 100 ready pods each, all served.
+    /// Serving cost: exported services of 100 ready pods each (`WIDE_PODS`), all served.
     #[arg(long, default_value_t = 1_000)]
     wide_services: usize,
     /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
@@ -153,6 +153,9 @@ fn s1_plan(args: &Args, exported: bool) -> Plan {
     }
 }
 
+/// Ready pods behind each service of the cold-wide scenario: all under the default cap.
+const WIDE_PODS: usize = 100;
+
 /// The product's defaults: what a user gets.
 fn default_spec() -> LinkSpec {
     LinkSpec::with_remote(RemoteSpec::default())
@@ -231,12 +234,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.runs("cold-wide") {
         let plan = ColdPlan {
-            pods: args.wide_services * 100,
+            pods: args.wide_services * WIDE_PODS,
             services: args.wide_services,
             ..large_plans[0].clone()
         };
         println!(
-            "cold start: {} services of 100 ready pods, all served",
+            "cold start: {} services of {WIDE_PODS} ready pods, all served",
             plan.services
         );
         let o = cold::run(&dir("cold-wide")?, &plan).await?;
