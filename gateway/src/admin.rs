@@ -18,7 +18,9 @@
 //! constant time. Without a token file they are refused with 403. Every error is a JSON body
 //! `{"error": ".."}` with its status code. Links answer through their [`LinkHandle`]s: a
 //! transition that makes no sense in the link's state is a 409, a service the link does not
-//! select a 404.
+//! select a 404. In cluster mode a replica that does not hold a link's Lease passes the
+//! command to the holder through the Link ([`crate::command`]) and answers with the holder's
+//! answer (202 when none came within [`RELAY_WAIT`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,6 +40,7 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::churn::quarantine::{RequestError, Transition};
+use crate::command::{Order, Outcome, SendError};
 use crate::kubeapi::bearer;
 use crate::link::LinkError;
 use crate::metrics::Metrics;
@@ -58,6 +61,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a link may take to answer a release or quarantine (it answers between batches of
 /// upstream events, so this is a backstop, not a wait anyone should see).
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest a replica waits for the Lease holder's answer to a command it passed on (the
+/// holder looks at its Links every second).
+pub const RELAY_WAIT: Duration = Duration::from_secs(8);
 
 /// The status page.
 const PAGE: &str = include_str!("admin/page.html");
@@ -295,15 +302,18 @@ async fn release(
     UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, AdminError> {
+) -> Result<Response, AdminError> {
     let (link, req) = operator_request(&s, &name, &headers, &body)?;
+    if let Some(relay) = relayed(&link) {
+        return forwarded(&name, relay.forward(Order::Release).await);
+    }
     let t = answer(
         &name,
         link.handle.release("an operator through the admin API"),
     )
     .await?;
     tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
-    Ok(Json(json!({ "link": name, "transition": t })))
+    Ok(Json(json!({ "link": name, "transition": t })).into_response())
 }
 
 async fn release_service(
@@ -311,9 +321,12 @@ async fn release_service(
     UrlPath((name, namespace, service)): UrlPath<(String, String, String)>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, AdminError> {
+) -> Result<Response, AdminError> {
     let (link, req) = operator_request(&s, &name, &headers, &body)?;
     let svc = NsName::new(&namespace, &service);
+    if let Some(relay) = relayed(&link) {
+        return forwarded(&name, relay.forward(Order::ReleaseService(svc)).await);
+    }
     let t = answer(
         &name,
         link.handle
@@ -322,9 +335,7 @@ async fn release_service(
     .await
     .map_err(|e| e.about(&format!("service {svc}")))?;
     tracing::warn!(link = %name, service = %svc, message = req.message.as_deref().unwrap_or(""), "service released by an operator");
-    Ok(Json(
-        json!({ "link": name, "service": svc, "transition": t }),
-    ))
+    Ok(Json(json!({ "link": name, "service": svc, "transition": t })).into_response())
 }
 
 async fn quarantine(
@@ -332,13 +343,50 @@ async fn quarantine(
     UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, AdminError> {
+) -> Result<Response, AdminError> {
     let (link, req) = operator_request(&s, &name, &headers, &body)?;
+    if let Some(relay) = relayed(&link) {
+        return forwarded(&name, relay.forward(Order::Quarantine(req.message)).await);
+    }
     let message = req
         .message
         .unwrap_or_else(|| "quarantined by an operator through the admin API".to_owned());
     let t = answer(&name, link.handle.quarantine(message)).await?;
-    Ok(Json(json!({ "link": name, "transition": t })))
+    Ok(Json(json!({ "link": name, "transition": t })).into_response())
+}
+
+/// The relay of a link this replica does not decide for.
+fn relayed(link: &Entry) -> Option<&Arc<dyn crate::registry::Relay>> {
+    link.relay.as_ref().filter(|r| !r.decides())
+}
+
+/// The answer to a command passed on to the Lease holder: the holder's own code and message,
+/// or 202 when it has not answered yet.
+fn forwarded(name: &str, sent: Result<Option<Outcome>, SendError>) -> Result<Response, AdminError> {
+    match sent {
+        Ok(Some(o)) => {
+            let code = StatusCode::from_u16(o.code).unwrap_or(StatusCode::BAD_GATEWAY);
+            let key = if code.is_success() { "message" } else { "error" };
+            let body = json!({
+                "link": name, key: o.message, "command": o.command, "decidedBy": o.decided_by,
+            });
+            Ok((code, Json(body)).into_response())
+        }
+        Ok(None) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "link": name,
+                "message": format!(
+                    "passed to the link's Lease holder through the Link's {} annotation; no answer within {}s (see the Link's {} annotation and Events)",
+                    crate::command::COMMAND, RELAY_WAIT.as_secs(), crate::command::COMMAND_RESULT,
+                ),
+            })),
+        )
+            .into_response()),
+        Err(e @ SendError::Pending { .. }) => Err(AdminError::Conflict(e.to_string())),
+        Err(e @ SendError::NoLink(_)) => Err(AdminError::NotFound(e.to_string())),
+        Err(e @ SendError::Api(..)) => Err(AdminError::Unavailable(e.to_string())),
+    }
 }
 
 /// A link's answer to a command, or 503 when it does not come in time.

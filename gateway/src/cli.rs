@@ -44,6 +44,11 @@ pub enum Command {
     /// Adopt a Linkerd link: read its credentials Secrets (link-gen's output), print a Link,
     /// the upstream copy, the token and the Secrets rewritten to point at Floodgate.
     Wrap(crate::wrap::WrapArgs),
+    /// Release a quarantined link, or one of its contained services, in a cluster: the command
+    /// reaches the link's Lease holder through the Link (needs only `get` and `patch` on Links).
+    Release(crate::command::ReleaseArgs),
+    /// Quarantine a link in a cluster until an operator releases it, as `release` does.
+    Quarantine(crate::command::QuarantineArgs),
 }
 
 /// `floodgate run`.

@@ -8,7 +8,10 @@
 //! which writes only the links whose Lease this replica holds. Every replica serves every
 //! link; quarantine decisions and status are the holder's, and the other replicas follow the
 //! quarantine the holder recorded in status (which also carries it across restarts).
+//! Operators' commands reach the holder through the Link ([`crate::command`], [`commands`]):
+//! a replica's admin API passes a command it does not decide on to the holder this way.
 
+pub mod commands;
 pub mod lease;
 pub mod reconcile;
 pub mod status;
@@ -177,6 +180,10 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let ns = args.namespace.clone();
     let links_api: Api<Link> = Api::namespaced(client.clone(), &ns);
+    let relays = RelayBase {
+        api: links_api.clone(),
+        identity: args.identity.clone(),
+    };
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let recorder = Recorder::new(
@@ -242,6 +249,8 @@ pub async fn serve(
         Some(phase_tx),
     ));
 
+    let commands =
+        commands::Commands::new(links_api.clone(), recorder.clone(), args.identity.clone());
     let (reader, store_writer) = reflector::store::<Link>();
     let mut changes = reflector(store_writer, watcher(links_api, watcher::Config::default()))
         .default_backoff()
@@ -296,6 +305,7 @@ pub async fn serve(
                 &mut running,
                 &mut blocked,
                 &registry,
+                &relays,
                 &shutdown,
             )
             .await;
@@ -314,6 +324,13 @@ pub async fn serve(
             };
             let next = status::next_status(link.status.as_ref(), &obs, &now);
             let holder = held_now.contains(&name);
+            commands.poll(&link, holder, || match &run {
+                Some(r) => commands::Target::Running(r.handle.clone()),
+                None => commands::Target::Blocked(blocked.get(&name).map_or_else(
+                    || "it has not started yet".to_owned(),
+                    |b| b.message.clone(),
+                )),
+            });
             if let (Some(r), Some(state)) = (run, &state) {
                 decide_if_held(&name, r, holder);
                 follow_quarantine(&link, r, state, holder);
@@ -470,6 +487,7 @@ async fn reconcile_all(
     running: &mut HashMap<String, Running>,
     blocked: &mut HashMap<String, Blocked>,
     facade: &Registry,
+    relays: &RelayBase,
     shutdown: &watch::Receiver<bool>,
 ) {
     let mut seen = BTreeSet::new();
@@ -529,7 +547,7 @@ async fn reconcile_all(
             }
             Action::Start(d) | Action::Restart(d) => {
                 stop(&name, running, facade);
-                start(d, link, running, facade, shutdown);
+                start(d, link, running, facade, relays, shutdown);
             }
         }
     }
@@ -549,6 +567,7 @@ fn start(
     link: &Link,
     running: &mut HashMap<String, Running>,
     facade: &Registry,
+    relays: &RelayBase,
     shutdown: &watch::Receiver<bool>,
 ) {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -575,7 +594,12 @@ fn start(
     let (deciding, deciding_rx) = watch::channel(false);
     tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
     let transitions = handle.transitions();
-    facade.insert(handle.clone(), &d.token);
+    let relay = Arc::new(LinkRelay {
+        base: relays.clone(),
+        link: d.name.clone(),
+        deciding: deciding.subscribe(),
+    });
+    facade.insert_relayed(handle.clone(), &d.token, Some(relay));
     tracing::info!(link = %d.name, generation = ?link.meta().generation, "link started");
     running.insert(
         d.name.clone(),
@@ -589,6 +613,46 @@ fn start(
             transitions,
         },
     );
+}
+
+/// What every link's relay shares: the Links and this replica's identity.
+#[derive(Clone, Debug)]
+struct RelayBase {
+    api: Api<Link>,
+    identity: String,
+}
+
+/// Carries a command sent to this replica's admin API to the link's Lease holder, unless this
+/// replica holds it.
+#[derive(Debug)]
+struct LinkRelay {
+    base: RelayBase,
+    link: String,
+    deciding: watch::Receiver<bool>,
+}
+
+impl crate::registry::Relay for LinkRelay {
+    fn decides(&self) -> bool {
+        *self.deciding.borrow()
+    }
+
+    fn forward(
+        &self,
+        order: crate::command::Order,
+    ) -> futures_util::future::BoxFuture<
+        'static,
+        Result<Option<crate::command::Outcome>, crate::command::SendError>,
+    > {
+        let (api, link) = (self.base.api.clone(), self.link.clone());
+        let from = crate::command::unique_from(&format!(
+            "the admin API of replica {}",
+            self.base.identity
+        ));
+        tracing::info!(link = %link, command = %order, %from, "passing a command to the link's Lease holder");
+        Box::pin(async move {
+            crate::command::send(&api, &link, &order, &from, crate::admin::RELAY_WAIT).await
+        })
+    }
 }
 
 fn stop(name: &str, running: &mut HashMap<String, Running>, facade: &Registry) {

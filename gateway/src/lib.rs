@@ -27,6 +27,7 @@ pub mod admin;
 pub mod auth;
 pub mod churn;
 pub mod cli;
+pub mod command;
 pub mod controller;
 pub mod grpc;
 pub mod kubeapi;

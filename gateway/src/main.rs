@@ -51,6 +51,18 @@ fn controller(args: &floodgate::controller::ControllerArgs) -> anyhow::Result<()
     })
 }
 
+/// `floodgate release` and `floodgate quarantine`: in-cluster config or KUBECONFIG.
+fn send_command(
+    link: &str,
+    order: &floodgate::command::Order,
+    args: &floodgate::command::SendArgs,
+) -> anyhow::Result<String> {
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let client = kube::Client::try_default().await?;
+        floodgate::command::send_from_cli(client, link, order, args).await
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
@@ -70,6 +82,14 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args).map(|()| String::new()),
         Command::Controller(args) => controller(args).map(|()| String::new()),
         Command::Wrap(args) => floodgate::wrap::run_wrap(args),
+        Command::Release(args) => args
+            .order()
+            .map_err(anyhow::Error::from)
+            .and_then(|o| send_command(&args.link, &o, &args.send)),
+        Command::Quarantine(args) => args
+            .order()
+            .map_err(anyhow::Error::from)
+            .and_then(|o| send_command(&args.link, &o, &args.send)),
     };
     match out {
         Ok(text) => {

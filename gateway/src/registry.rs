@@ -9,7 +9,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use futures_util::future::BoxFuture;
+
 use crate::auth::Token;
+use crate::command::{Order, Outcome, SendError};
 use crate::grpc::MirrorLink;
 use crate::kubeapi::{self, Api};
 use crate::link::{LinkHandle, LinkStore};
@@ -25,6 +28,19 @@ pub struct Entry {
     pub api: Arc<Api<LinkStore>>,
     /// Its gRPC feed.
     pub mirror: Arc<MirrorLink>,
+    /// How operators' commands reach the replica that decides for it: `None` when this
+    /// process always does (`floodgate run`).
+    pub relay: Option<Arc<dyn Relay>>,
+}
+
+/// How an operator's command reaches the replica that decides for a link (in cluster mode,
+/// the holder of its Lease; see [`crate::command`]).
+pub trait Relay: Send + Sync + std::fmt::Debug + 'static {
+    /// True while this replica decides for the link itself.
+    fn decides(&self) -> bool;
+    /// Sends `order` to the replica that decides and waits a while for its answer
+    /// (`Ok(None)`: sent, not answered yet).
+    fn forward(&self, order: Order) -> BoxFuture<'static, Result<Option<Outcome>, SendError>>;
 }
 
 impl Entry {
@@ -54,7 +70,19 @@ impl Registry {
 
     /// Serves `handle`, opened by `token`, from now on; returns the entry it replaces.
     pub fn insert(&self, handle: Arc<LinkHandle>, token: &str) -> Option<Arc<Entry>> {
+        self.insert_relayed(handle, token, None)
+    }
+
+    /// [`Registry::insert`] for a link whose commands `relay` carries to the replica that
+    /// decides for it.
+    pub fn insert_relayed(
+        &self,
+        handle: Arc<LinkHandle>,
+        token: &str,
+        relay: Option<Arc<dyn Relay>>,
+    ) -> Option<Arc<Entry>> {
         let entry = Arc::new(Entry {
+            relay,
             api: Arc::new(Api::new(LinkStore::new(&handle), token)),
             mirror: Arc::new(MirrorLink::of(&handle, token)),
             token: Token::new(token),

@@ -110,6 +110,7 @@ fn the_base_renders_and_every_object_parses_into_its_type() {
             "NetworkPolicy",
             "PodDisruptionBudget",
             "Role",
+            "Role",
             "RoleBinding",
             "Service",
             "Service",
@@ -245,27 +246,42 @@ fn rbac_is_least_privilege() {
         of_kind(&objs, "ClusterRole").is_empty(),
         "no cluster-wide rights"
     );
-    let role: Role = parse_exact(of_kind(&objs, "Role")[0]);
-    let mut grants: Vec<(String, String, String)> = Vec::new();
-    for rule in role.rules.iter().flatten() {
-        for g in rule.api_groups.iter().flatten() {
-            for r in rule.resources.iter().flatten() {
-                for v in &rule.verbs {
-                    assert_ne!(v, "*", "no wildcard verbs");
-                    grants.push((g.clone(), r.clone(), v.clone()));
+    let grants = |name: &str| {
+        let role = of_kind(&objs, "Role")
+            .into_iter()
+            .find(|r| r["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("Role {name}"));
+        let role: Role = parse_exact(role);
+        let mut grants: Vec<(String, String, String)> = Vec::new();
+        for rule in role.rules.iter().flatten() {
+            for g in rule.api_groups.iter().flatten() {
+                for r in rule.resources.iter().flatten() {
+                    for v in &rule.verbs {
+                        assert_ne!(v, "*", "no wildcard verbs");
+                        grants.push((g.clone(), r.clone(), v.clone()));
+                    }
                 }
             }
         }
-    }
-    let has = |g: &str, r: &str, v: &str| grants.contains(&(g.into(), r.into(), v.into()));
-    for v in ["get", "list", "watch"] {
+        grants
+    };
+    let floodgate = grants("floodgate");
+    let has = |g: &str, r: &str, v: &str| floodgate.contains(&(g.into(), r.into(), v.into()));
+    // `patch` clears operators' command annotations.
+    for v in ["get", "list", "watch", "patch"] {
         assert!(has("floodgate.dev", "links", v));
     }
     assert!(has("floodgate.dev", "links/status", "patch"));
-    assert!(
-        !has("floodgate.dev", "links", "patch"),
-        "the spec is not ours to write"
-    );
+    for v in ["create", "update", "delete"] {
+        assert!(
+            !has("floodgate.dev", "links", v),
+            "the spec is not ours to write ({v})"
+        );
+    }
+    // Operators with kubectl alone read a Link and set its command annotation, nothing else.
+    let operator = grants("floodgate-operator");
+    let link = |v: &str| ("floodgate.dev".to_owned(), "links".to_owned(), v.to_owned());
+    assert_eq!(operator, [link("get"), link("patch")]);
     assert!(has("", "secrets", "get"));
     for v in ["create", "update", "patch", "delete"] {
         assert!(!has("", "secrets", v), "secrets are read-only ({v})");

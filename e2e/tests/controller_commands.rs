@@ -1,0 +1,225 @@
+//! Operators' commands in cluster mode: sent to any replica's admin API, or set on the Link
+//! with nothing but kubectl, they reach the link's Lease holder, which decides, records the
+//! decision in status and an Event naming the sender, and clears the command with its result.
+
+use floodgate::command::{self, COMMAND, COMMAND_RESULT, Order, SendArgs};
+use floodgate_e2e::admin::call;
+use floodgate_e2e::cluster::*;
+use floodgate_e2e::local::RunningLocal;
+use floodgate_e2e::until;
+use floodgate_link_crd::Link;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+/// The phase a replica's admin API shows for link `east`.
+async fn phase_on(admin: std::net::SocketAddr) -> Option<String> {
+    match call(admin, "GET", "/links/east", None, "").await {
+        Ok((200, v)) => v["phase"].as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+async fn east(local: &RunningLocal) -> Link {
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links.get("east").await.expect("Link east")
+}
+
+fn annotation(link: &Link, key: &str) -> Option<String> {
+    link.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+/// The Events on the Link with this reason, by note.
+fn events(local: &RunningLocal, reason: &str) -> Vec<String> {
+    local
+        .store
+        .objects("events")
+        .into_iter()
+        .filter(|e| e["reason"] == reason)
+        .map(|e| {
+            e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A local cluster with Link `east` to a remote of one service, and replica-a holding its
+/// Lease and serving it.
+async fn holder_serving_east() -> (
+    RunningLocal,
+    (floodgate_e2e::RunningSim, floodgate_e2e::drivers::Cluster),
+    Replica,
+) {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let remote = remote(&["web"]).await;
+    add_link(&local, "east", &remote.0, mk_link("east")).await;
+    let a = Replica::start(&local, "replica-a").await;
+    until(30, "a holds east's Lease and serves it", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+            && phase_on(a.admin).await.as_deref() == Some("Healthy")
+    })
+    .await;
+    (local, remote, a)
+}
+
+/// A release or quarantine sent to the replica that does not hold the Lease is decided by
+/// the holder: both replicas follow, status records it, an Event names where it came from,
+/// and the sender gets the holder's answer (409 when the holder refuses). A wrong token
+/// changes nothing.
+#[tokio::test]
+async fn a_command_sent_to_the_replica_without_the_lease_is_decided_by_the_holder() {
+    let (local, _sim, a) = holder_serving_east().await;
+    let b = Replica::start(&local, "replica-b").await;
+    until(30, "b serves east", async || {
+        phase_on(b.admin).await.as_deref() == Some("Healthy")
+    })
+    .await;
+
+    let post = async |path: &str, body: &str| {
+        call(b.admin, "POST", path, Some(ADMIN_TOKEN), body)
+            .await
+            .expect("admin")
+    };
+    let (code, _) = call(b.admin, "POST", "/links/east/quarantine", Some("wrong"), "")
+        .await
+        .expect("admin");
+    assert_eq!(code, 401);
+    assert_eq!(
+        annotation(&east(&local).await, COMMAND),
+        None,
+        "nothing written"
+    );
+
+    let body = r#"{"message": "ticket 7: the remote floods"}"#;
+    let (code, v) = post("/links/east/quarantine", body).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["decidedBy"], "replica-a", "{v}");
+    until(30, "both replicas quarantine east", async || {
+        phase_on(a.admin).await.as_deref() == Some("Quarantined")
+            && phase_on(b.admin).await.as_deref() == Some("Quarantined")
+    })
+    .await;
+    until(10, "status records the quarantine", async || {
+        status(&local, "east").await.is_some_and(|s| {
+            s.quarantine
+                .is_some_and(|q| q.message.contains("ticket 7: the remote floods"))
+        })
+    })
+    .await;
+
+    let (code, v) = post("/links/east/release", "").await;
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the admin API of replica replica-b")),
+        "{v}"
+    );
+    until(30, "both replicas release east", async || {
+        phase_on(a.admin).await.as_deref() == Some("Healthy")
+            && phase_on(b.admin).await.as_deref() == Some("Healthy")
+    })
+    .await;
+    until(10, "Events name where the commands came from", async || {
+        let done = events(&local, "CommandCarriedOut");
+        done.iter()
+            .any(|n| n.starts_with("\"release\" from the admin API of replica replica-b"))
+            && done.iter().any(|n| n.starts_with("\"quarantine ticket 7"))
+    })
+    .await;
+
+    // The holder refuses what makes no sense, and the sender hears why.
+    let (code, v) = post("/links/east/release", "").await;
+    assert_eq!(code, 409, "{v}");
+    assert_eq!(v["decidedBy"], "replica-a", "{v}");
+    let (code, v) = post("/links/east/services/prod/nope/release", "").await;
+    assert_eq!(code, 404, "{v}");
+    let link = east(&local).await;
+    assert_eq!(annotation(&link, COMMAND), None, "every command cleared");
+    let result: Value =
+        serde_json::from_str(&annotation(&link, COMMAND_RESULT).expect("a result")).expect("JSON");
+    assert_eq!(result["code"], 404, "{result}");
+    b.stop().await;
+    a.stop().await;
+}
+
+/// The kubectl path: a command set as an annotation (what `kubectl annotate` sends) is
+/// carried out by the holder and cleared with its result; `floodgate release` waits for that
+/// result; a command the holder cannot read is cleared with a Warning Event and changes
+/// nothing.
+#[tokio::test]
+async fn a_command_annotation_is_carried_out_and_cleared() {
+    let (local, _sim, a) = holder_serving_east().await;
+    let client = local.client(NS).expect("client");
+    let links: Api<Link> = Api::namespaced(client.clone(), NS);
+    let annotate = async |value: &str| {
+        let patch = json!({"metadata": {"annotations": {COMMAND: value}}});
+        links
+            .patch("east", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("annotate");
+    };
+    let result = async || {
+        let link = east(&local).await;
+        if annotation(&link, COMMAND).is_some() {
+            return None;
+        }
+        command::result_of(&link)
+    };
+
+    annotate("quarantine ticket 9").await;
+    until(
+        30,
+        "the holder quarantines east and clears the command",
+        async || {
+            result().await.is_some_and(|o| o.code == 200)
+                && phase_on(a.admin).await.as_deref() == Some("Quarantined")
+        },
+    )
+    .await;
+
+    let args = SendArgs {
+        namespace: NS.into(),
+        wait: 20,
+    };
+    let said = command::send_from_cli(client.clone(), "east", &Order::Release, &args)
+        .await
+        .expect("released");
+    assert!(
+        said.contains("released by an operator through the floodgate CLI"),
+        "{said}"
+    );
+    assert!(said.contains("decided by replica-a"), "{said}");
+    assert_eq!(phase_on(a.admin).await.as_deref(), Some("Healthy"));
+    let refused = command::send_from_cli(client.clone(), "east", &Order::Release, &args)
+        .await
+        .expect_err("not quarantined");
+    assert!(refused.to_string().contains("(409)"), "{refused}");
+
+    annotate("relase").await;
+    until(
+        30,
+        "an unreadable command is cleared with its reason",
+        async || {
+            result()
+                .await
+                .is_some_and(|o| o.code == 400 && o.message.contains("unknown command"))
+        },
+    )
+    .await;
+    until(10, "a Warning Event says why", async || {
+        events(&local, "CommandUnreadable")
+            .iter()
+            .any(|n| n.starts_with("\"relase\"") && n.contains("unknown command"))
+    })
+    .await;
+    assert_eq!(
+        phase_on(a.admin).await.as_deref(),
+        Some("Healthy"),
+        "nothing else changed"
+    );
+    a.stop().await;
+}
