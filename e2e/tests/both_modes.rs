@@ -12,7 +12,8 @@ use floodgate_proto::v1::mirror_client::MirrorClient;
 use tonic::Request;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-/// The admin API lists the link, `/metrics` shows it synced, the status page is served, and
+/// The admin API lists the link, `/metrics` shows it synced, the status page and its history
+/// are served, and
 /// `/readyz` says ok; a release without the admin token is 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_metrics_and_status_page_in_both_modes() {
@@ -46,6 +47,15 @@ async fn admin_api_metrics_and_status_page_in_both_modes() {
             .expect("GET /");
         assert_eq!(code, 200, "{mode:?}");
         assert!(page.contains("<title>Floodgate</title>"), "{mode:?}");
+        // The page's history: the server samples east every second.
+        until(10, "two samples of east in /history", async || {
+            admin::call(addr, "GET", "/history", None, "")
+                .await
+                .is_ok_and(|(code, v)| {
+                    code == 200 && v["links"]["east"].as_array().is_some_and(|s| s.len() >= 2)
+                })
+        })
+        .await;
 
         let (code, v) = admin::call(addr, "POST", "/links/east/release", None, "")
             .await

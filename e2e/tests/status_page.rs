@@ -16,6 +16,7 @@ use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
 use floodgate_e2e::gateway::Stack;
 use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::until;
 use floodgate_link_crd::Phase;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::json;
@@ -129,11 +130,36 @@ async fn the_status_page_releases_a_quarantined_link_and_a_contained_service_in_
         .await
         .unwrap_or_else(|e| panic!("a Chromium session through chromedriver: {e}; {INSTALL}"));
 
+    // The server's own history of the link: the page, opened now, starts from it.
+    let history = async || {
+        let (_, v) = admin::call(stack.admin_addr(), "GET", "/history", None, "")
+            .await
+            .expect("GET /history");
+        v["links"]["east"].as_array().map_or(0, Vec::len)
+    };
+    until(20, "eight samples of east in /history", async || {
+        history().await >= 8
+    })
+    .await;
     c.goto(&format!("http://{}/", stack.admin_addr()))
         .await
         .expect("load the status page");
     let row = r#"tr[data-link="east"]"#;
     wait_text(&c, &format!("{row} .phase"), "Quarantined").await;
+    let points = c
+        .find(Locator::Css(&format!("{row} svg.spark polyline")))
+        .await
+        .expect("a sparkline")
+        .attr("points")
+        .await
+        .expect("points")
+        .unwrap_or_default();
+    // Seven rates from the server's eight samples at least; the page's own polls since it
+    // loaded add one a second.
+    assert!(
+        points.split_whitespace().count() >= 7,
+        "the sparkline starts from the server's history: {points:?}"
+    );
     // A few samples, so the sparklines have something to draw; a picture for people.
     wait_text(&c, &format!("{row} .phase"), "Quarantined").await;
     let shot = c.screenshot().await.expect("screenshot");

@@ -8,6 +8,7 @@
 //! POST /links/{name}/quarantine   quarantine a link, {"message": ".."} (bearer token)
 //! POST /links/{name}/services/{namespace}/{service}/release
 //!                                 release a contained service         (bearer token)
+//! GET  /history                   every link's rates over the last 10 minutes
 //! GET  /config                    the effective configuration, secrets redacted
 //! GET  /metrics                   Prometheus text (see [`crate::metrics`])
 //! GET  /livez, /readyz            health (see [`crate::server::health_router`])
@@ -48,6 +49,7 @@ use crate::model::NsName;
 use crate::registry::{Entry, Registry};
 
 pub mod config;
+pub mod history;
 pub mod links;
 
 pub use config::config_json;
@@ -80,6 +82,8 @@ pub struct AdminState {
     pub token: Option<crate::auth::Token>,
     /// The metrics registry.
     pub metrics: Metrics,
+    /// The last ten minutes of every link's rates.
+    pub history: Arc<history::History>,
 }
 
 impl AdminState {
@@ -225,6 +229,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
             "/links/{name}/services/{namespace}/{service}/release",
             post(release_service),
         )
+        .route("/history", get(get_history))
         .route("/config", get(get_config))
         .route("/metrics", get(get_metrics))
         .with_state(state)
@@ -401,6 +406,10 @@ async fn answer(
             COMMAND_TIMEOUT.as_secs()
         ))),
     }
+}
+
+async fn get_history(State(s): State<Arc<AdminState>>) -> Json<Value> {
+    Json(s.history.to_json())
 }
 
 async fn get_config(State(s): State<Arc<AdminState>>) -> Json<Value> {

@@ -102,17 +102,24 @@ pub fn start(
         }
     });
 
+    let history = Arc::new(admin::history::History::default());
     let state = Arc::new(admin::AdminState {
         links: links.clone(),
         config: cfg.config,
         token: cfg.admin_token,
         metrics: crate::metrics::Metrics::new(links.clone()),
+        history: history.clone(),
     });
     let admin_router = admin::finish(admin::router(state).merge(health_router(
         links.clone(),
         signals.gate.clone(),
         signals.unready.clone(),
     )));
+    let sampler = tokio::spawn(admin::history::run(
+        history,
+        links.clone(),
+        wait_for(signals.admin_stop.clone()),
+    ));
     let (admin, stop) = (listeners.admin, wait_for(signals.admin_stop));
     let admin_task = tokio::spawn(async move {
         if let Err(e) = kubeapi::serve_plain(admin, admin_router, stop).await {
@@ -137,7 +144,7 @@ pub fn start(
         admin_addr,
         grpc_addr,
         facade_task,
-        tasks: vec![admin_task, grpc_task],
+        tasks: vec![admin_task, grpc_task, sampler],
     })
 }
 

@@ -120,6 +120,7 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
         config: config_json(&cfg),
         token: token.map(crate::auth::Token::new),
         metrics: Metrics::new(registry.clone()),
+        history: Arc::default(),
     });
     let (_, gate) = watch::channel(true);
     let router = finish(router(state).merge(health_router(registry, gate, shutdown)));
