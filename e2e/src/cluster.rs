@@ -63,6 +63,16 @@ pub struct Replica {
 impl Replica {
     /// Starts a replica named `identity` against `local`, on `127.0.0.1:0`.
     pub async fn start(local: &RunningLocal, identity: &str) -> Self {
+        Self::start_with(local, identity, None).await
+    }
+
+    /// Starts a replica whose peer is `peer`: it shares the peer's CA and certificate (as the
+    /// `floodgate-tls` Secret makes every replica do) and finds it at `--peers`.
+    pub async fn start_beside(local: &RunningLocal, identity: &str, peer: &Replica) -> Self {
+        Self::start_with(local, identity, Some(peer)).await
+    }
+
+    async fn start_with(local: &RunningLocal, identity: &str, peer: Option<&Replica>) -> Self {
         let bind = async || TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let listeners = floodgate::server::Listeners {
             facade: bind().await,
@@ -73,6 +83,14 @@ impl Replica {
         let admin = listeners.admin.local_addr().expect("addr");
         let grpc = listeners.grpc.local_addr().expect("addr");
         let state = tempfile::tempdir().expect("tempdir");
+        if let Some(p) = peer {
+            p.ca_pem().await;
+            let tls = state.path().join("tls");
+            std::fs::create_dir_all(&tls).expect("tls dir");
+            for f in ["tls.crt", "tls.key", "ca.crt"] {
+                std::fs::copy(p.state.path().join("tls").join(f), tls.join(f)).expect("shared TLS");
+            }
+        }
         let token_file = state.path().join("admin-token");
         std::fs::write(&token_file, ADMIN_TOKEN).expect("admin token");
         let args = ControllerArgs {
@@ -84,6 +102,8 @@ impl Replica {
             state_dir: state.path().to_owned(),
             tls_hosts: vec![],
             identity: identity.into(),
+            peers: peer.map(|p| p.facade.to_string()),
+            peer_server_name: "localhost".into(),
         };
         let (stop, shutdown) = watch::channel(false);
         let client = local.client(NS).expect("client");

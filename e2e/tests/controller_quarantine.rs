@@ -257,3 +257,107 @@ async fn a_replica_without_the_lease_follows_the_recorded_containments() {
     assert!(contained_on(b.admin).await.is_empty());
     b.stop().await;
 }
+
+/// The phase and upstream event count a replica's admin API shows for link `east`.
+async fn phase_and_upstream_on(admin: std::net::SocketAddr) -> Option<(String, u64)> {
+    match floodgate_e2e::admin::call(admin, "GET", "/links/east", None, "").await {
+        Ok((200, v)) => Some((
+            v["phase"].as_str()?.to_owned(),
+            v["counters"]["upstreamEvents"].as_u64()?,
+        )),
+        _ => None,
+    }
+}
+
+/// A replica that starts while its link is quarantined serves the last good view within 5 s,
+/// taken from its peer, quarantined, without reading its remote (which floods meanwhile); a
+/// replica with no peer serves the remote's view instead. The release, sent to the new
+/// replica, brings both to the remote.
+#[tokio::test]
+async fn a_replica_started_during_a_quarantine_serves_the_last_good_view_from_its_peer() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, mut cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let a = Replica::start(&local, "replica-a").await;
+    let on_a = a.consumer("east", &token("east")).await;
+    until(30, "a holds the Lease and serves east", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+            && service_names(&on_a).await == Some(["web"].map(String::from).into())
+    })
+    .await;
+    let (code, v) = floodgate_e2e::admin::call(
+        a.admin,
+        "POST",
+        "/links/east/quarantine",
+        Some(ADMIN_TOKEN),
+        r#"{"message": "the remote floods"}"#,
+    )
+    .await
+    .expect("admin");
+    assert_eq!(code, 200, "{v}");
+    until(10, "status records the quarantine", async || {
+        status(&local, "east")
+            .await
+            .is_some_and(|s| s.quarantine.is_some())
+    })
+    .await;
+    // The remote changes under the quarantine: the last good view has web alone.
+    cluster.add_service("api", true);
+    cluster.scale("api", 1, true);
+
+    let started = tokio::time::Instant::now();
+    let b = Replica::start_beside(&local, "replica-b", &a).await;
+    let on_b = b.consumer("east", &token("east")).await;
+    until(5, "b serves the last good view, quarantined", async || {
+        service_names(&on_b).await == Some(["web"].map(String::from).into())
+            && phase_and_upstream_on(b.admin)
+                .await
+                .is_some_and(|(phase, _)| phase == "Quarantined")
+    })
+    .await;
+    eprintln!(
+        "b served the peer's view {:?} after it started",
+        started.elapsed()
+    );
+    // Its upstream never started: the view is the peer's, not its remote's.
+    loops_go_round(&local).await;
+    assert_eq!(
+        phase_and_upstream_on(b.admin).await,
+        Some(("Quarantined".to_owned(), 0))
+    );
+    assert_eq!(
+        service_names(&on_b).await,
+        Some(["web"].map(String::from).into())
+    );
+
+    // With no peer, a replica's link starts from its remote: it syncs (capped), then follows
+    // the recorded quarantine.
+    let c = Replica::start(&local, "replica-c").await;
+    let on_c = c.consumer("east", &token("east")).await;
+    until(30, "c serves the remote's view", async || {
+        service_names(&on_c).await == Some(["api", "web"].map(String::from).into())
+            && phase_and_upstream_on(c.admin)
+                .await
+                .is_some_and(|(phase, _)| phase == "Quarantined")
+    })
+    .await;
+    c.stop().await;
+
+    let (code, v) = floodgate_e2e::admin::call(
+        b.admin,
+        "POST",
+        "/links/east/release",
+        Some(ADMIN_TOKEN),
+        "",
+    )
+    .await
+    .expect("admin");
+    assert_eq!(code, 200, "{v}");
+    until(30, "both converge to the remote", async || {
+        let both = Some(["api", "web"].map(String::from).into());
+        service_names(&on_a).await == both && service_names(&on_b).await == both
+    })
+    .await;
+    b.stop().await;
+    a.stop().await;
+}

@@ -13,6 +13,7 @@
 
 pub mod commands;
 pub mod lease;
+pub mod peers;
 pub mod reconcile;
 pub mod status;
 pub mod writer;
@@ -81,6 +82,15 @@ pub struct ControllerArgs {
     /// This replica's identity in Leases (the pod's name).
     #[arg(long, env = "FLOODGATE_POD_NAME", default_value = "floodgate")]
     pub identity: String,
+    /// `host:port` resolving to every replica's facade (the headless Service
+    /// `floodgate-peers`): a replica that starts while a link is quarantined takes the last
+    /// good view from a peer. Without it such a link starts from its remote.
+    #[arg(long, env = "FLOODGATE_PEERS")]
+    pub peers: Option<String>,
+    /// The name peers' certificates are checked against (the generated certificate carries
+    /// `localhost`; peers are reached by address).
+    #[arg(long, env = "FLOODGATE_PEER_SERVER_NAME", default_value = "localhost")]
+    pub peer_server_name: String,
 }
 
 /// A running link and what it was started from.
@@ -98,7 +108,14 @@ struct Running {
     followed_containment: bool,
     /// The link's service containment transitions not yet recorded as Events.
     transitions: tokio::sync::broadcast::Receiver<crate::churn::quarantine::Transition>,
+    /// When this run started.
+    started: tokio::time::Instant,
 }
+
+/// How long a link that starts with no view of its own (no peer gave one) reads its remote
+/// before it follows a recorded quarantine: long enough for a first sync (about a second
+/// against a remote that floods), so it freezes the remote's capped view, not an empty one.
+const FOLLOW_GRACE: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -180,10 +197,6 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let ns = args.namespace.clone();
     let links_api: Api<Link> = Api::namespaced(client.clone(), &ns);
-    let relays = RelayBase {
-        api: links_api.clone(),
-        identity: args.identity.clone(),
-    };
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let recorder = Recorder::new(
@@ -200,6 +213,15 @@ pub async fn serve(
         &args.tls_hosts,
     )?
     .context("the facade needs TLS")?;
+    let shared = Shared {
+        api: links_api.clone(),
+        identity: args.identity.clone(),
+        peers: args.peers.clone().map(|address| peers::Peers {
+            address,
+            server_name: args.peer_server_name.clone(),
+            ca_pem: tls.ca_pem.clone(),
+        }),
+    };
     let admin_token = args
         .admin_token_file
         .as_deref()
@@ -305,7 +327,7 @@ pub async fn serve(
                 &mut running,
                 &mut blocked,
                 &registry,
-                &relays,
+                &shared,
                 &shutdown,
             )
             .await;
@@ -331,11 +353,17 @@ pub async fn serve(
                     |b| b.message.clone(),
                 )),
             });
+            let mut deferred = false;
             if let (Some(r), Some(state)) = (run, &state) {
                 decide_if_held(&name, r, holder);
-                follow_quarantine(&link, r, state, holder);
+                deferred = follow_quarantine(&link, r, state, holder);
                 follow_containment(&link, r, state, holder);
                 record_containment(&recorder, &link, r, holder);
+            }
+            if deferred {
+                // The recorded quarantine is still to be followed: writing this link's state
+                // now would erase it from status.
+                continue;
             }
             // A full queue skips this tick: the next carries the latest state.
             let _ = status_tx.try_send(writer::StatusUpdate {
@@ -391,17 +419,23 @@ async fn forward_deciding(handle: Arc<LinkHandle>, mut deciding: watch::Receiver
 /// quarantined, release when the holder released it. The holder follows the record once, when
 /// its run starts (a restart honours a persisted quarantine); after that its own engine
 /// decides and the record follows it.
-fn follow_quarantine(link: &Link, r: &mut Running, state: &link::LinkState, holder: bool) {
+///
+/// Returns true while following is put off: a link with nothing to freeze yet (no view of
+/// its own) first serves its remote's first sync, capped, for up to [`FOLLOW_GRACE`].
+fn follow_quarantine(link: &Link, r: &mut Running, state: &link::LinkState, holder: bool) -> bool {
     let recorded = link.status.as_ref().and_then(|s| s.quarantine.as_ref());
     let local = state.phase == Phase::Quarantined;
     let want = match (recorded, local) {
         (Some(_), false) => true,
         (None, true) => false,
-        _ => return,
+        _ => return false,
     };
     if (holder && r.followed.is_some()) || r.followed == Some(want) || (holder && !want) {
         r.followed.get_or_insert(want);
-        return;
+        return false;
+    }
+    if want && !state.synced && r.started.elapsed() < FOLLOW_GRACE {
+        return true;
     }
     r.followed = Some(want);
     let handle = r.handle.clone();
@@ -419,6 +453,7 @@ fn follow_quarantine(link: &Link, r: &mut Running, state: &link::LinkState, hold
             tracing::debug!(error = %e, "following the recorded quarantine");
         }
     });
+    false
 }
 
 /// Replicas follow the containments the holder recorded in status, as they follow its
@@ -487,7 +522,7 @@ async fn reconcile_all(
     running: &mut HashMap<String, Running>,
     blocked: &mut HashMap<String, Blocked>,
     facade: &Registry,
-    relays: &RelayBase,
+    shared: &Shared,
     shutdown: &watch::Receiver<bool>,
 ) {
     let mut seen = BTreeSet::new();
@@ -547,7 +582,12 @@ async fn reconcile_all(
             }
             Action::Start(d) | Action::Restart(d) => {
                 stop(&name, running, facade);
-                start(d, link, running, facade, relays, shutdown);
+                let recorded = link.status.as_ref().and_then(|s| s.quarantine.as_ref());
+                let seed = match (&shared.peers, recorded) {
+                    (Some(p), Some(q)) => peers::last_good_view(p, &name, &d.token, q).await,
+                    _ => None,
+                };
+                start(d, link, seed, running, facade, shared, shutdown);
             }
         }
     }
@@ -562,12 +602,14 @@ async fn reconcile_all(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn start(
     d: DesiredLink,
     link: &Link,
+    seed: Option<crate::churn::restore::Saved>,
     running: &mut HashMap<String, Running>,
     facade: &Registry,
-    relays: &RelayBase,
+    shared: &Shared,
     shutdown: &watch::Receiver<bool>,
 ) {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -579,14 +621,15 @@ fn start(
         let _ = forward.send(true);
     });
     let connect = connect_from_kubeconfig(d.kubeconfig.clone(), d.spec.remote.context.clone());
-    let handle = Arc::new(link::spawn(
+    let handle = Arc::new(link::spawn_restored(
         &d.name,
         d.spec.clone(),
         connect,
         crate::run::incarnation(),
         // In cluster mode a quarantine is kept in the Link's status, which every replica
-        // reads; a replica-local file would disagree with it.
+        // reads; a replica-local file would disagree with it. Its view comes from a peer.
         None,
+        seed,
         stop_rx,
     ));
     // A link starts measuring only: the lease loop's held set makes the holder decide (at the
@@ -595,7 +638,7 @@ fn start(
     tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
     let transitions = handle.transitions();
     let relay = Arc::new(LinkRelay {
-        base: relays.clone(),
+        base: shared.clone(),
         link: d.name.clone(),
         deciding: deciding.subscribe(),
     });
@@ -611,22 +654,24 @@ fn start(
             deciding,
             followed_containment: false,
             transitions,
+            started: tokio::time::Instant::now(),
         },
     );
 }
 
-/// What every link's relay shares: the Links and this replica's identity.
+/// What every link of this replica shares: the Links, this replica's identity, its peers.
 #[derive(Clone, Debug)]
-struct RelayBase {
+struct Shared {
     api: Api<Link>,
     identity: String,
+    peers: Option<peers::Peers>,
 }
 
 /// Carries a command sent to this replica's admin API to the link's Lease holder, unless this
 /// replica holds it.
 #[derive(Debug)]
 struct LinkRelay {
-    base: RelayBase,
+    base: Shared,
     link: String,
     deciding: watch::Receiver<bool>,
 }

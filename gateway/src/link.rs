@@ -282,6 +282,21 @@ pub fn spawn(
     dir: Option<LinkDir>,
     shutdown: watch::Receiver<bool>,
 ) -> LinkHandle {
+    spawn_restored(name, spec, connect, incarnation, dir, None, shutdown)
+}
+
+/// [`spawn`] for a link that starts quarantined with `seed`'s view (in cluster mode, the
+/// last good view a peer serves): it serves that view at once and starts its upstream only
+/// when released.
+pub fn spawn_restored(
+    name: &str,
+    spec: LinkSpec,
+    connect: Connect,
+    incarnation: u32,
+    dir: Option<LinkDir>,
+    seed: Option<crate::churn::restore::Saved>,
+    shutdown: watch::Receiver<bool>,
+) -> LinkHandle {
     let view = View::new(incarnation, DEFAULT_HISTORY);
     let (state_tx, state) = watch::channel(LinkState {
         phase: Phase::Degraded,
@@ -301,8 +316,16 @@ pub fn spawn(
         has_servers: servers_tx,
     };
     let task = tokio::spawn(
-        task::run(spec, connect, view.clone(), dir, out, commands, shutdown)
-            .instrument(tracing::info_span!("link", link = %name)),
+        task::run(
+            spec,
+            connect,
+            view.clone(),
+            (dir, seed),
+            out,
+            commands,
+            shutdown,
+        )
+        .instrument(tracing::info_span!("link", link = %name)),
     );
     LinkHandle {
         name: name.to_owned(),

@@ -115,6 +115,7 @@ fn the_base_renders_and_every_object_parses_into_its_type() {
             "Service",
             "Service",
             "Service",
+            "Service",
             "ServiceAccount",
         ]
     );
@@ -234,9 +235,39 @@ fn the_deployment_runs_two_restricted_replicas_with_probes_and_state() {
         .map(|p| p.port)
         .collect();
     ports.sort_unstable();
-    assert_eq!(ports, [6443, 8090, 9990]);
+    assert_eq!(ports, [6443, 6443, 8090, 9990]);
+    // The peers' Service is headless and names every replica, ready or not.
+    let peers = services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("floodgate-peers"))
+        .and_then(|s| s.spec.as_ref())
+        .expect("floodgate-peers");
+    assert_eq!(peers.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(peers.publish_not_ready_addresses, Some(true));
+    let env = &deployment_env(&objs);
+    assert!(
+        env.iter().any(|(k, v)| k == "FLOODGATE_PEERS"
+            && v == "floodgate-peers.$(FLOODGATE_NAMESPACE).svc:6443"),
+        "{env:?}"
+    );
     let pdb: PodDisruptionBudget = parse_exact(of_kind(&objs, "PodDisruptionBudget")[0]);
     assert!(pdb.spec.and_then(|s| s.min_available).is_some());
+}
+
+/// The floodgate container's environment: name and literal value.
+fn deployment_env(objs: &[Value]) -> Vec<(String, String)> {
+    of_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let v = e["value"].as_str().unwrap_or_default();
+            (
+                e["name"].as_str().unwrap_or_default().to_owned(),
+                v.to_owned(),
+            )
+        })
+        .collect()
 }
 
 #[test]

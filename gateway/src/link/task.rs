@@ -2,7 +2,7 @@
 //! watchers, feed the engine, sleep until its next deadline, carry out its effects, save and
 //! clear its quarantine on disk, and publish its state.
 //!
-//! A link restored quarantined from disk serves its saved view at once, before the remote
+//! A link restored quarantined (from disk, or in cluster mode from a peer's view) serves its saved view at once, before the remote
 //! answers (which it may never do while the flood lasts), and starts its watchers only when
 //! released. Operators' requests are answered while the link is still connecting. New
 //! credentials ([`Command::Reconnect`]) replace the connection, not the view: the new upstream's
@@ -54,7 +54,7 @@ pub(super) async fn run(
     spec: LinkSpec,
     connect: Connect,
     view: View,
-    dir: Option<LinkDir>,
+    (dir, seed): (Option<LinkDir>, Option<crate::churn::restore::Saved>),
     out: Outputs,
     mut commands: mpsc::Receiver<Command>,
     mut shutdown: watch::Receiver<bool>,
@@ -62,6 +62,9 @@ pub(super) async fn run(
     let now = Instant::now();
     // Until discovery says whether the remote serves Linkerd's Servers, expect every kind.
     let mut engine = Engine::new(&spec, &Kind::ALL, view.clone(), now);
+    if let Some(saved) = seed {
+        engine.restore_quarantined(now, saved);
+    }
     if let Some(d) = &dir {
         match d.load(now) {
             Ok(Some(saved)) => {
