@@ -237,3 +237,50 @@ async fn history_older_than_the_cutoff_is_forgotten() {
         .expect("the change after `old` is kept");
     assert_eq!(events.len(), 1);
 }
+
+#[test]
+fn a_key_changed_several_times_in_one_batch_gets_an_event_each() {
+    let view = View::new(7, 100);
+    let a = |label| Change::Upsert(mk_service("a", label));
+    let key = mk_service("a", "1").key();
+    let e = view.apply([a("1"), a("1"), a("2"), Change::Delete(key.clone()), a("3")]);
+    let kinds: Vec<EventType> = e.iter().map(|e| e.kind).collect();
+    // The repeated "1" changes nothing.
+    use EventType::*;
+    assert_eq!(kinds, [Added, Modified, Deleted, Added]);
+    let versions: Vec<u64> = e.iter().map(|e| e.resource_version).collect();
+    assert!(
+        versions.windows(2).all(|w| w[1] == w[0] + 1),
+        "{versions:?}"
+    );
+    assert_eq!(view.resource_version(), versions[3]);
+    // The modification's previous state is the batch's own first one; the deletion carries
+    // the state it removed.
+    let previous = e[1].previous.as_ref().expect("previous");
+    assert!(Arc::ptr_eq(previous, &e[0].object));
+    assert_eq!(e[2].object.object, mk_service("a", "2"));
+    assert_eq!(view.get(&key).expect("a").object, mk_service("a", "3"));
+    assert_eq!(view.json_bytes(), e[3].object.json.len());
+    let (history, _) = view
+        .watch_from(Kind::Service, versions[0] - 1)
+        .expect("resume");
+    assert_eq!(history.len(), 4);
+}
+
+#[test]
+fn a_publication_is_encoded_while_readers_hold_the_view() {
+    let view = View::new(7, 100);
+    let (next, planned) = {
+        // A reader (a LIST, a watch resuming) holds the view while the batch is planned and
+        // encoded: neither needs the write lock.
+        let _reader = view.read();
+        let (next, planned) = view.plan([Change::Upsert(mk_service("a", "1"))]);
+        (next, encode(next, planned))
+    };
+    assert_eq!(planned.len(), 1);
+    assert!(!planned[0].frame.is_empty(), "encoded before the commit");
+    assert!(view.is_empty(), "nothing is served before the commit");
+    view.commit(&planned);
+    assert_eq!(view.resource_version(), next);
+    assert_eq!(view.len(Kind::Service), 1);
+}
