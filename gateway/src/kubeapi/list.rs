@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::query::{Query, RvMatch, parse_rv};
 use super::resource::{ResourceDef, table_cells, table_columns};
 use super::status::{Reason, StatusError};
-use crate::model::NsName;
+use crate::model::{NsName, ObjKey};
 use crate::view::pages::Items;
 use crate::view::{ResumeError, Stored, View};
 
@@ -266,20 +266,29 @@ pub fn get(
     name: &str,
     render: Render,
 ) -> Result<Response, StatusError> {
-    let snap = view.list(def.kind);
-    let found = snap.items.iter().find(|s| {
-        let m = s.object.meta();
-        m.name.as_deref() == Some(name)
-            && namespace.is_none_or(|n| m.namespace.as_deref() == Some(n))
-    });
-    let Some(stored) = found else {
+    // The version is read first: the object is at least as new as the version a Table says.
+    let resource_version = view.resource_version();
+    let found = match namespace {
+        // The view's index: no copy of the kind, no scan.
+        Some(ns) => view.get(&ObjKey {
+            kind: def.kind,
+            id: NsName::new(ns, name),
+        }),
+        // Every served kind is namespaced: without a namespace, the first of that name.
+        None => view
+            .list(def.kind)
+            .items
+            .into_iter()
+            .find(|s| s.object.meta().name.as_deref() == Some(name)),
+    };
+    let Some(stored) = found.as_ref() else {
         return Err(StatusError::not_found(def.plural, name));
     };
     let body = match render {
         Render::Full => stored.json.to_vec(),
         Render::Metadata => serde_json::to_vec(&partial_metadata(stored)).map_err(internal)?,
         Render::Table => {
-            let meta = json!({ "resourceVersion": snap.resource_version.to_string() });
+            let meta = json!({ "resourceVersion": resource_version.to_string() });
             serde_json::to_vec(&table(def, &[stored], meta)).map_err(internal)?
         }
     };
