@@ -102,6 +102,12 @@ pub trait ApiStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Resolves when [`ApiStore::ready`] may have changed: a request that came before the
+    /// first sync waits on this (bounded by the caller). By default, 100 ms pass.
+    fn ready_changed(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(std::time::Duration::from_millis(100)))
+    }
+
     /// An error every request gets instead of an answer (the simulator's fault injection).
     fn fault(&self) -> Option<StatusError> {
         None
@@ -152,6 +158,9 @@ impl<T: ApiStore> ApiStore for Arc<T> {
     }
     fn ready(&self) -> Result<(), StatusError> {
         T::ready(self)
+    }
+    fn ready_changed(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        T::ready_changed(self)
     }
     fn fault(&self) -> Option<StatusError> {
         T::fault(self)

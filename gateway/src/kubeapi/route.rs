@@ -229,7 +229,9 @@ async fn wait_ready<S: ApiStore>(store: &S, wait: Duration) -> Result<(), Status
         match store.ready() {
             Ok(()) => return Ok(()),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => {
+                let _ = tokio::time::timeout_at(deadline, store.ready_changed()).await;
+            }
         }
     }
 }
