@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::{Method, StatusCode};
 use floodgate::kubeapi::status::{Reason, StatusError};
-use floodgate::kubeapi::{Api, ApiStore, Write};
+use floodgate::kubeapi::{Api, ApiStore, Simulation, Write};
 use floodgate::model::{Kind, NsName, ObjKey, Object, Server};
 use floodgate::view::{Change, View};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -123,6 +123,12 @@ impl ApiStore for SimStore {
         self.version.clone()
     }
 
+    fn simulation(&self) -> Option<&dyn Simulation> {
+        Some(self)
+    }
+}
+
+impl Simulation for SimStore {
     fn fault(&self) -> Option<StatusError> {
         self.failing
             .lock()

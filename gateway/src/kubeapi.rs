@@ -108,33 +108,36 @@ pub trait ApiStore: Send + Sync + 'static {
         Box::pin(tokio::time::sleep(std::time::Duration::from_millis(100)))
     }
 
-    /// An error every request gets instead of an answer (the simulator's fault injection).
+    /// The simulated API server behind this store, if it is one (kube-sim's remote):
+    /// production stores have none, and serve read-only.
+    fn simulation(&self) -> Option<&dyn Simulation> {
+        None
+    }
+}
+
+/// What only a simulated API server does: inject faults, behave like servers that refuse
+/// streaming lists or ignore `limit`, and take writes. kube-sim implements it; Floodgate's own
+/// stores do not, so none of it is reachable in production.
+pub trait Simulation: Send + Sync {
+    /// An error every request gets instead of an answer.
     fn fault(&self) -> Option<StatusError> {
         None
     }
 
-    /// Whether watches may ask for a streaming list (`sendInitialEvents`). A store that says
+    /// Whether watches may ask for a streaming list (`sendInitialEvents`). A server that says
     /// no refuses them with 422 Invalid, as an API server with the `WatchList` feature off does.
     fn serves_streaming_lists(&self) -> bool {
         true
     }
 
-    /// Whether lists honour `limit`. A store that says no serves every list whole, as an API
+    /// Whether lists honour `limit`. A server that says no serves every list whole, as an API
     /// server does from its watch cache.
     fn honours_limit(&self) -> bool {
         true
     }
 
-    /// Creates, updates, patches or deletes. Floodgate's links are read-only.
-    fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
-        Err(StatusError::new(
-            Reason::MethodNotAllowed,
-            format!(
-                "Floodgate serves {} read-only: {} is not allowed",
-                w.def.plural, w.method
-            ),
-        ))
-    }
+    /// Creates, updates, patches or deletes.
+    fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError>;
 }
 
 /// A view on its own serves read-only, with every resource and a default version.
@@ -162,17 +165,8 @@ impl<T: ApiStore> ApiStore for Arc<T> {
     fn ready_changed(&self) -> futures_util::future::BoxFuture<'static, ()> {
         T::ready_changed(self)
     }
-    fn fault(&self) -> Option<StatusError> {
-        T::fault(self)
-    }
-    fn serves_streaming_lists(&self) -> bool {
-        T::serves_streaming_lists(self)
-    }
-    fn honours_limit(&self) -> bool {
-        T::honours_limit(self)
-    }
-    fn write(&self, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
-        T::write(self, w)
+    fn simulation(&self) -> Option<&dyn Simulation> {
+        T::simulation(self)
     }
 }
 

@@ -14,7 +14,7 @@ use super::list::{self, json_response, negotiate};
 use super::query::Query;
 use super::resource::{self, ResourceDef};
 use super::status::{Reason, StatusError};
-use super::{Api, ApiStore, MAX_BODY, Write, bump, review, watch};
+use super::{Api, ApiStore, MAX_BODY, Simulation, Write, bump, review, watch};
 
 pub(super) fn not_found_path() -> StatusError {
     StatusError::new(
@@ -106,7 +106,8 @@ async fn dispatch<S: ApiStore>(
     body: Bytes,
 ) -> Result<Response, StatusError> {
     let store = &api.store;
-    if let Some(e) = store.fault() {
+    let sim = store.simulation();
+    if let Some(e) = sim.and_then(Simulation::fault) {
         return Err(e);
     }
     let served = store.served();
@@ -170,16 +171,28 @@ async fn dispatch<S: ApiStore>(
                     content_type,
                     body: &body,
                 };
-                let (code, v) = store.write(w)?;
+                let Some(sim) = sim else {
+                    return Err(StatusError::new(
+                        Reason::MethodNotAllowed,
+                        format!(
+                            "Floodgate serves {} read-only: {method} is not allowed",
+                            def.plural
+                        ),
+                    ));
+                };
+                let (code, v) = sim.write(w)?;
                 bump(&api.counters.writes);
                 return Ok(json(v, code));
             }
             wait_ready(store, api.limits.cold_wait).await?;
             let mut q = Query::parse(raw_query)?;
-            if !store.honours_limit() {
+            if !sim.is_none_or(Simulation::honours_limit) {
                 q.limit = None;
             }
-            if q.watch && q.send_initial_events.is_some() && !store.serves_streaming_lists() {
+            if q.watch
+                && q.send_initial_events.is_some()
+                && !sim.is_none_or(Simulation::serves_streaming_lists)
+            {
                 // The API server's words when its WatchList feature is off.
                 return Err(StatusError::invalid(
                     "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
