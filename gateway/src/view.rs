@@ -450,6 +450,23 @@ impl View {
         self.read().snapshot(kind)
     }
 
+    /// The objects of a kind in one namespace, consistent with the returned version: only
+    /// those are copied (the objects are held by namespace and name).
+    pub fn list_namespace(&self, kind: Kind, namespace: &str) -> Snapshot {
+        let s = self.read();
+        let from = NsName::new(namespace, "");
+        Snapshot {
+            resource_version: s.base | s.counter,
+            items: s
+                .shelf(kind)
+                .objects
+                .range(from..)
+                .take_while(|(k, _)| &*k.namespace == namespace)
+                .map(|(_, v)| v.clone())
+                .collect(),
+        }
+    }
+
     /// A snapshot of a kind and a receiver of every later change of that kind, with no gap
     /// between them.
     pub fn list_and_watch(&self, kind: Kind) -> (Snapshot, broadcast::Receiver<Event>) {

@@ -109,12 +109,16 @@ pub fn list(
             let t = ContinueToken::decode(token)?;
             kept = view
                 .pages()
-                .get(def.kind, t.rv)
+                .get(def.kind, namespace, t.rv)
                 .ok_or_else(continue_expired)?;
             (t.rv, &kept, Some(t.after))
         }
         None => {
-            let snap = view.list(def.kind);
+            // A namespaced list copies its namespace only.
+            let snap = match namespace {
+                Some(ns) => view.list_namespace(def.kind, ns),
+                None => view.list(def.kind),
+            };
             check_list_version(view, q, snap.resource_version)?;
             fresh = snap.items;
             (snap.resource_version, &fresh, None)
@@ -139,7 +143,7 @@ pub fn list(
     if more {
         if after.is_none() {
             view.pages()
-                .keep(def.kind, resource_version, Items::from(all));
+                .keep(def.kind, namespace, resource_version, Items::from(all));
         }
         let token = ContinueToken {
             v: TOKEN_VERSION.into(),

@@ -4,7 +4,8 @@
 //! one saw, as the API server serves them from one etcd revision. The view keeps no old states,
 //! so the first page of a paginated list keeps its snapshot here (pointers to the stored
 //! objects, not copies) and its continue token names that snapshot by kind and version. A
-//! snapshot lives for [`SNAPSHOT_TTL`] after its last use and at most [`SNAPSHOTS`] are kept per
+//! namespaced list keeps only its namespace, under its own key, so a cluster-wide list at the
+//! same version never continues from it. A snapshot lives for [`SNAPSHOT_TTL`] after its last use and at most [`SNAPSHOTS`] are kept per
 //! view, the oldest evicted first; a token whose snapshot is gone gets 410 Expired, as a token
 //! older than etcd's compaction does, and the client lists again from the start.
 
@@ -30,6 +31,8 @@ pub type Items = Arc<[Arc<Stored>]>;
 
 struct Entry {
     kind: Kind,
+    /// The namespace a namespaced list kept (its snapshot holds that namespace alone).
+    namespace: Option<Arc<str>>,
     resource_version: u64,
     used: Instant,
     items: Items,
@@ -53,23 +56,37 @@ impl Pages {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Drops the snapshots past their TTL, then finds the one of `kind` at `resource_version`
-    /// and marks it used.
-    fn find(e: &mut VecDeque<Entry>, kind: Kind, resource_version: u64) -> Option<Items> {
+    /// Drops the snapshots past their TTL, then finds the one of `kind` in `namespace` (all of
+    /// them: `None`) at `resource_version` and marks it used.
+    fn find(
+        e: &mut VecDeque<Entry>,
+        kind: Kind,
+        namespace: Option<&str>,
+        resource_version: u64,
+    ) -> Option<Items> {
         let now = Instant::now();
         e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
-        let s = e
-            .iter_mut()
-            .find(|s| s.kind == kind && s.resource_version == resource_version)?;
+        let s = e.iter_mut().find(|s| {
+            s.kind == kind
+                && s.namespace.as_deref() == namespace
+                && s.resource_version == resource_version
+        })?;
         s.used = now;
         Some(s.items.clone())
     }
 
-    /// Keeps `items`, the state of `kind` at `resource_version`, for the pages after the first;
-    /// a snapshot of the same kind and version already kept is shared instead.
-    pub fn keep(&self, kind: Kind, resource_version: u64, items: Items) -> Items {
+    /// Keeps `items`, the state of `kind` (in `namespace`, or all of them) at
+    /// `resource_version`, for the pages after the first; a snapshot of the same kind,
+    /// namespace and version already kept is shared instead.
+    pub fn keep(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        resource_version: u64,
+        items: Items,
+    ) -> Items {
         let mut e = self.lock();
-        if let Some(kept) = Self::find(&mut e, kind, resource_version) {
+        if let Some(kept) = Self::find(&mut e, kind, namespace, resource_version) {
             return kept;
         }
         if e.len() >= SNAPSHOTS {
@@ -77,6 +94,7 @@ impl Pages {
         }
         e.push_back(Entry {
             kind,
+            namespace: namespace.map(Arc::from),
             resource_version,
             used: Instant::now(),
             items: items.clone(),
@@ -84,9 +102,10 @@ impl Pages {
         items
     }
 
-    /// The snapshot of `kind` at `resource_version`, if it is still kept.
-    pub fn get(&self, kind: Kind, resource_version: u64) -> Option<Items> {
-        Self::find(&mut self.lock(), kind, resource_version)
+    /// The snapshot of `kind` in `namespace` (all of them: `None`) at `resource_version`, if
+    /// it is still kept.
+    pub fn get(&self, kind: Kind, namespace: Option<&str>, resource_version: u64) -> Option<Items> {
+        Self::find(&mut self.lock(), kind, namespace, resource_version)
     }
 }
 
@@ -114,8 +133,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_snapshot_is_shared_found_and_expires() {
         let pages = Pages::default();
-        let first = pages.keep(Kind::Service, 7, items(3));
-        let again = pages.keep(Kind::Service, 7, items(5));
+        let first = pages.keep(Kind::Service, None, 7, items(3));
+        let again = pages.keep(Kind::Service, None, 7, items(5));
         assert_eq!(
             again.len(),
             3,
@@ -123,16 +142,19 @@ mod tests {
         );
         assert!(Arc::ptr_eq(&first, &again));
         assert!(
-            pages.get(Kind::Pod, 7).is_none(),
+            pages.get(Kind::Pod, None, 7).is_none(),
             "another kind's version is not it"
         );
         tokio::time::advance(SNAPSHOT_TTL - Duration::from_secs(1)).await;
-        assert!(pages.get(Kind::Service, 7).is_some(), "a use keeps it");
+        assert!(
+            pages.get(Kind::Service, None, 7).is_some(),
+            "a use keeps it"
+        );
         tokio::time::advance(SNAPSHOT_TTL - Duration::from_secs(1)).await;
-        assert!(pages.get(Kind::Service, 7).is_some());
+        assert!(pages.get(Kind::Service, None, 7).is_some());
         tokio::time::advance(SNAPSHOT_TTL).await;
         assert!(
-            pages.get(Kind::Service, 7).is_none(),
+            pages.get(Kind::Service, None, 7).is_none(),
             "unused past the TTL, it is gone"
         );
     }
@@ -141,10 +163,24 @@ mod tests {
     async fn the_oldest_snapshot_is_evicted_past_the_cap() {
         let pages = Pages::default();
         for rv in 0..=SNAPSHOTS as u64 {
-            pages.keep(Kind::Pod, rv, items(1));
+            pages.keep(Kind::Pod, None, rv, items(1));
         }
-        assert!(pages.get(Kind::Pod, 0).is_none(), "the oldest went");
-        assert!(pages.get(Kind::Pod, 1).is_some());
-        assert!(pages.get(Kind::Pod, SNAPSHOTS as u64).is_some());
+        assert!(pages.get(Kind::Pod, None, 0).is_none(), "the oldest went");
+        assert!(pages.get(Kind::Pod, None, 1).is_some());
+        assert!(pages.get(Kind::Pod, None, SNAPSHOTS as u64).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_namespaced_snapshot_is_not_the_cluster_wide_one() {
+        let pages = Pages::default();
+        pages.keep(Kind::Service, Some("ns"), 7, items(2));
+        assert!(pages.get(Kind::Service, None, 7).is_none());
+        assert!(pages.get(Kind::Service, Some("other"), 7).is_none());
+        let all = pages.keep(Kind::Service, None, 7, items(5));
+        assert_eq!(all.len(), 5, "a cluster-wide list keeps its own");
+        assert_eq!(
+            pages.get(Kind::Service, Some("ns"), 7).map(|i| i.len()),
+            Some(2)
+        );
     }
 }

@@ -284,3 +284,36 @@ fn a_publication_is_encoded_while_readers_hold_the_view() {
     assert_eq!(view.resource_version(), next);
     assert_eq!(view.len(Kind::Service), 1);
 }
+
+#[test]
+fn a_namespaced_list_copies_its_namespace_only() {
+    let view = View::new(7, 100);
+    let in_ns = |ns: &str, name: &str| {
+        let mut o = mk_service(name, "1");
+        if let Object::Service(s) = &mut o {
+            Arc::make_mut(s).metadata.namespace = Some(ns.into());
+        }
+        Change::Upsert(o)
+    };
+    view.apply([
+        in_ns("a", "x"),
+        in_ns("b", "y"),
+        in_ns("b", "z"),
+        in_ns("ba", "w"),
+        in_ns("c", "v"),
+    ]);
+    let names = |s: Snapshot| -> Vec<String> {
+        s.items
+            .iter()
+            .map(|o| NsName::of(o.object.meta()).to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(view.list_namespace(Kind::Service, "b")),
+        ["b/y", "b/z"]
+    );
+    assert!(view.list_namespace(Kind::Service, "nope").items.is_empty());
+    let snap = view.list_namespace(Kind::Service, "c");
+    assert_eq!(snap.resource_version, view.resource_version());
+    assert_eq!(names(view.list(Kind::Service)).len(), 5);
+}
