@@ -43,3 +43,19 @@ pub async fn call_text(
     let bytes = resp.into_body().collect().await?.to_bytes();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }
+
+/// A command to the admin API with its bearer token: the status and the JSON body. Panics when
+/// the request cannot be made at all (the tests' Floodgate is on loopback).
+pub async fn post(addr: SocketAddr, path: &str, token: &str, body: &str) -> (u16, Value) {
+    call(addr, "POST", path, Some(token), body)
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+}
+
+/// `GET /links/{name}`'s body, `None` unless it answers 200.
+pub async fn link(addr: SocketAddr, name: &str) -> Option<Value> {
+    match call(addr, "GET", &format!("/links/{name}"), None, "").await {
+        Ok((200, v)) => Some(v),
+        _ => None,
+    }
+}

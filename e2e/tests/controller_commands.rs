@@ -3,7 +3,7 @@
 //! decision in status and an Event naming the sender, and clears the command with its result.
 
 use floodgate::command::{self, COMMAND, COMMAND_RESULT, Order, SendArgs};
-use floodgate_e2e::admin::call;
+use floodgate_e2e::admin::{call, link, post};
 use floodgate_e2e::cluster::*;
 use floodgate_e2e::local::RunningLocal;
 use floodgate_e2e::until;
@@ -14,10 +14,9 @@ use serde_json::{Value, json};
 
 /// The phase a replica's admin API shows for link `east`.
 async fn phase_on(admin: std::net::SocketAddr) -> Option<String> {
-    match call(admin, "GET", "/links/east", None, "").await {
-        Ok((200, v)) => v["phase"].as_str().map(str::to_owned),
-        _ => None,
-    }
+    link(admin, "east").await?["phase"]
+        .as_str()
+        .map(str::to_owned)
 }
 
 async fn east(local: &RunningLocal) -> Link {
@@ -78,11 +77,7 @@ async fn a_command_sent_to_the_replica_without_the_lease_is_decided_by_the_holde
     })
     .await;
 
-    let post = async |path: &str, body: &str| {
-        call(b.admin, "POST", path, Some(ADMIN_TOKEN), body)
-            .await
-            .expect("admin")
-    };
+    let post = async |path: &str, body: &str| post(b.admin, path, ADMIN_TOKEN, body).await;
     let (code, _) = call(b.admin, "POST", "/links/east/quarantine", Some("wrong"), "")
         .await
         .expect("admin");

@@ -260,13 +260,11 @@ async fn a_replica_without_the_lease_follows_the_recorded_containments() {
 
 /// The phase and upstream event count a replica's admin API shows for link `east`.
 async fn phase_and_upstream_on(admin: std::net::SocketAddr) -> Option<(String, u64)> {
-    match floodgate_e2e::admin::call(admin, "GET", "/links/east", None, "").await {
-        Ok((200, v)) => Some((
-            v["phase"].as_str()?.to_owned(),
-            v["counters"]["upstreamEvents"].as_u64()?,
-        )),
-        _ => None,
-    }
+    let v = floodgate_e2e::admin::link(admin, "east").await?;
+    Some((
+        v["phase"].as_str()?.to_owned(),
+        v["counters"]["upstreamEvents"].as_u64()?,
+    ))
 }
 
 /// A replica that starts while its link is quarantined serves the last good view within 5 s,
@@ -285,15 +283,13 @@ async fn a_replica_started_during_a_quarantine_serves_the_last_good_view_from_it
             && service_names(&on_a).await == Some(["web"].map(String::from).into())
     })
     .await;
-    let (code, v) = floodgate_e2e::admin::call(
+    let (code, v) = floodgate_e2e::admin::post(
         a.admin,
-        "POST",
         "/links/east/quarantine",
-        Some(ADMIN_TOKEN),
+        ADMIN_TOKEN,
         r#"{"message": "the remote floods"}"#,
     )
-    .await
-    .expect("admin");
+    .await;
     assert_eq!(code, 200, "{v}");
     until(10, "status records the quarantine", async || {
         status(&local, "east")
@@ -343,15 +339,8 @@ async fn a_replica_started_during_a_quarantine_serves_the_last_good_view_from_it
     .await;
     c.stop().await;
 
-    let (code, v) = floodgate_e2e::admin::call(
-        b.admin,
-        "POST",
-        "/links/east/release",
-        Some(ADMIN_TOKEN),
-        "",
-    )
-    .await
-    .expect("admin");
+    let (code, v) =
+        floodgate_e2e::admin::post(b.admin, "/links/east/release", ADMIN_TOKEN, "").await;
     assert_eq!(code, 200, "{v}");
     until(30, "both converge to the remote", async || {
         let both = Some(["api", "web"].map(String::from).into());

@@ -191,7 +191,8 @@ const RESULT_POLL: Duration = Duration::from_millis(200);
 
 /// Sends `order` to link `name`'s Lease holder through its Link, marked as coming from `from`
 /// (which should be unique to this request: the result is recognised by it), and waits up to
-/// `wait` for the holder's [`Outcome`]. `Ok(None)`: written, not answered yet.
+/// `wait` for the holder's [`Outcome`], reading the Link from the API server.
+/// `Ok(None)`: written, not answered yet.
 pub async fn send(
     api: &Api<Link>,
     name: &str,
@@ -199,6 +200,21 @@ pub async fn send(
     from: &str,
     wait: Duration,
 ) -> Result<Option<Outcome>, SendError> {
+    write(api, name, order, from).await?;
+    let read = || {
+        let api = api.clone();
+        async move { api.get_opt(name).await }
+    };
+    wait_for_result(read, name, from, wait).await
+}
+
+/// Writes `order` on link `name`, unless a command is waiting there already.
+pub async fn write(
+    api: &Api<Link>,
+    name: &str,
+    order: &Order,
+    from: &str,
+) -> Result<(), SendError> {
     let api_err = |e| SendError::Api(name.to_owned(), e);
     let mut attempt = 0;
     loop {
@@ -228,14 +244,29 @@ pub async fn send(
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => break,
+            Ok(_) => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => continue,
             Err(e) => return Err(api_err(e)),
         }
     }
+}
+
+/// Waits up to `wait` for the holder's answer to the command from `from`, reading the Link
+/// with `read` (the API server, or a controller's cache of Links) every 200 ms.
+pub async fn wait_for_result<F, R>(
+    mut read: F,
+    name: &str,
+    from: &str,
+    wait: Duration,
+) -> Result<Option<Outcome>, SendError>
+where
+    F: FnMut() -> R,
+    R: std::future::Future<Output = Result<Option<Link>, kube::Error>>,
+{
+    let api_err = |e| SendError::Api(name.to_owned(), e);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let link = api.get_opt(name).await.map_err(api_err)?;
+        let link = read().await.map_err(api_err)?;
         let Some(link) = link else {
             return Err(SendError::NoLink(name.to_owned()));
         };

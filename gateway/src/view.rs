@@ -12,7 +12,7 @@
 //! Resource versions are `incarnation << 40 | counter`: monotonic within one run, never 0, and
 //! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
@@ -22,6 +22,9 @@ use tokio::time::Instant;
 use crate::model::{Kind, NsName, ObjKey, Object};
 
 pub mod pages;
+mod publish;
+
+use publish::encode;
 
 const COUNTER_BITS: u32 = 40;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
@@ -240,50 +243,6 @@ impl State {
     }
 }
 
-/// One change of a publication, planned: what it does and what it replaces.
-struct Planned {
-    kind: EventType,
-    new: Option<Object>,
-    old: Option<Old>,
-}
-
-/// The state a change replaces.
-enum Old {
-    /// The view's.
-    View(Arc<Stored>),
-    /// The one an earlier change of the same batch gives (its index).
-    Batch(usize),
-}
-
-/// Encodes planned changes with versions from `next` on, in order (no lock is held: this is
-/// where a publication spends its time).
-fn encode(next: u64, planned: Vec<Planned>) -> Vec<Event> {
-    let mut events: Vec<Event> = Vec::with_capacity(planned.len());
-    for (i, p) in planned.into_iter().enumerate() {
-        let rv = next + i as u64;
-        let old = match p.old {
-            Some(Old::View(o)) => Some(o),
-            Some(Old::Batch(j)) => Some(events[j].object.clone()),
-            None => None,
-        };
-        let (stored, frame) = match (p.new, &old) {
-            (Some(o), _) => Stored::framed(o, rv, p.kind),
-            // The last state, re-versioned so the deletion has a version of its own.
-            (None, Some(last)) => Stored::framed(last.object.clone(), rv, p.kind),
-            // Planned away (a deletion of nothing); a skipped version would do no harm.
-            (None, None) => continue,
-        };
-        events.push(Event {
-            resource_version: rv,
-            kind: p.kind,
-            frame,
-            object: Arc::new(stored),
-            previous: old.filter(|_| p.kind == EventType::Modified),
-        });
-    }
-    events
-}
-
 /// The view of one link. Clones share it.
 #[derive(Clone, Debug)]
 pub struct View {
@@ -349,79 +308,6 @@ impl View {
         let events = encode(next, planned);
         self.commit(&events);
         events
-    }
-
-    /// What each change replaces, under the read lock: the view's state of its object, or the
-    /// state an earlier change of the same batch gives it. No-ops are dropped here. Returns the
-    /// first version the batch will use.
-    fn plan(&self, changes: impl IntoIterator<Item = Change>) -> (u64, Vec<Planned>) {
-        let s = self.read();
-        let mut planned: Vec<Planned> = Vec::new();
-        // The latest planned change of each key changed more than once in this batch.
-        let mut latest: HashMap<ObjKey, usize> = HashMap::new();
-        for change in changes {
-            let (key, new) = match change {
-                Change::Upsert(o) => (o.key(), Some(o)),
-                Change::Delete(k) => (k, None),
-            };
-            let old = match latest.get(&key) {
-                Some(&i) => planned[i].new.as_ref().map(|_| Old::Batch(i)),
-                None => s
-                    .shelf(key.kind)
-                    .objects
-                    .get(&key.id)
-                    .cloned()
-                    .map(Old::View),
-            };
-            let old_object = match &old {
-                Some(Old::View(o)) => Some(&o.object),
-                Some(Old::Batch(i)) => planned[*i].new.as_ref(),
-                None => None,
-            };
-            let kind = match (old_object, &new) {
-                (Some(old), Some(new)) if old == new => continue,
-                (None, None) => continue,
-                (None, Some(_)) => EventType::Added,
-                (Some(_), Some(_)) => EventType::Modified,
-                (Some(_), None) => EventType::Deleted,
-            };
-            latest.insert(key, planned.len());
-            planned.push(Planned { kind, new, old });
-        }
-        (s.base | ((s.counter + 1) & COUNTER_MASK), planned)
-    }
-
-    /// Puts encoded events in: objects, byte count, history and feed, under the write lock.
-    fn commit(&self, events: &[Event]) {
-        let Some(last) = events.last() else { return };
-        let mut s = self.write();
-        debug_assert_eq!(
-            s.base | (s.counter + 1),
-            events[0].resource_version,
-            "publications are serialised by the writer mutex"
-        );
-        s.counter = last.resource_version & COUNTER_MASK;
-        let now = Instant::now();
-        for e in events {
-            let key = e.object.object.key();
-            let shelf = s.shelf_mut(key.kind);
-            let old = match e.kind {
-                EventType::Deleted => shelf.objects.remove(&key.id),
-                _ => shelf.objects.insert(key.id, e.object.clone()),
-            };
-            s.json_bytes -= old.map_or(0, |o| o.json.len());
-            if e.kind != EventType::Deleted {
-                s.json_bytes += e.object.json.len();
-            }
-            if s.history_len == s.history_cap {
-                s.evict_oldest();
-            }
-            let shelf = s.shelf_mut(key.kind);
-            shelf.history.push_back((now, e.clone()));
-            // No receivers is fine: nobody watches yet.
-            let _ = shelf.tx.send(e.clone());
-            s.history_len += 1;
-        }
     }
 
     /// One object.

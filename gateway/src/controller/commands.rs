@@ -1,7 +1,8 @@
 //! The Lease holder's side of [`crate::command`]: it acts on the command a Link carries,
 //! records an Event naming where the command came from, and clears it with its result.
 //! Replicas that do not hold the Lease leave commands alone (their engines follow the
-//! holder's record in status, which the command changes).
+//! holder's record in status, which the command changes). A replica's admin API passes a
+//! command it does not decide on to the holder through [`LinkRelay`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -219,5 +220,57 @@ impl Commands {
         // the clearing never has it carried out twice.
         self.slots()
             .insert(name, Slot::Done((text.clone(), from.clone()), outcome));
+    }
+}
+
+/// What every link of this replica shares: the Links, this replica's identity, its peers.
+#[derive(Clone, Debug)]
+pub(super) struct Shared {
+    pub(super) api: Api<Link>,
+    /// The controller's cache of the Links, where a relay looks for the holder's answer.
+    pub(super) links: kube::runtime::reflector::Store<Link>,
+    pub(super) namespace: String,
+    pub(super) identity: String,
+    pub(super) peers: Option<super::peers::Peers>,
+}
+
+/// Carries a command sent to this replica's admin API to the link's Lease holder, unless this
+/// replica holds it.
+#[derive(Debug)]
+pub(super) struct LinkRelay {
+    pub(super) base: Shared,
+    pub(super) link: String,
+    pub(super) deciding: tokio::sync::watch::Receiver<bool>,
+}
+
+impl crate::registry::Relay for LinkRelay {
+    fn decides(&self) -> bool {
+        *self.deciding.borrow()
+    }
+
+    fn forward(
+        &self,
+        order: crate::command::Order,
+    ) -> futures_util::future::BoxFuture<
+        'static,
+        Result<Option<crate::command::Outcome>, crate::command::SendError>,
+    > {
+        let (api, link) = (self.base.api.clone(), self.link.clone());
+        let from = crate::command::unique_from(&format!(
+            "the admin API of replica {}",
+            self.base.identity
+        ));
+        tracing::info!(link = %link, command = %order, %from, "passing a command to the link's Lease holder");
+        let (links, key) = (
+            self.base.links.clone(),
+            kube::runtime::reflector::ObjectRef::new(&self.link).within(&self.base.namespace),
+        );
+        Box::pin(async move {
+            crate::command::write(&api, &link, &order, &from).await?;
+            // The answer arrives in the cache this replica keeps of its Links anyway: no reads
+            // of the API server while waiting.
+            let read = || std::future::ready(Ok(links.get(&key).map(|l| (*l).clone())));
+            crate::command::wait_for_result(read, &link, &from, crate::admin::RELAY_WAIT).await
+        })
     }
 }
