@@ -40,7 +40,9 @@ async fn send(
     (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
-/// Opens a watch and reads frames until the initial-events-end bookmark: the ADDED count.
+/// Opens a watch and reads frames until the initial-events-end bookmark: the ADDED count. The
+/// frames are decoded by the response's Content-Type, as client-go decodes them: newline-delimited
+/// JSON, or length-delimited protobuf `WatchEvent`s.
 async fn streaming_list(c: &Client, path: &str, accept: &str) -> usize {
     let q = "allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeout=9m47s&timeoutSeconds=587&watch=true";
     let req = http::Request::get(format!("{path}?{q}"))
@@ -52,6 +54,22 @@ async fn streaming_list(c: &Client, path: &str, accept: &str) -> usize {
         .await
         .expect("watch");
     assert_eq!(resp.status(), 200, "{path}");
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let protobuf = content_type == floodgate::protobuf::WATCH_MEDIA_TYPE;
+    assert!(
+        protobuf || content_type == "application/json",
+        "{path}: {content_type}"
+    );
+    assert_eq!(
+        protobuf,
+        accept.starts_with(floodgate::protobuf::MEDIA_TYPE) && !path.contains("/servers"),
+        "{path}: protobuf exactly when asked first for a kind that has it ({content_type})"
+    );
     let mut body = resp.into_body().into_data_stream();
     let (mut buf, mut added) = (Vec::new(), 0);
     loop {
@@ -61,21 +79,52 @@ async fn streaming_list(c: &Client, path: &str, accept: &str) -> usize {
             .expect("open")
             .expect("chunk");
         buf.extend_from_slice(&chunk);
-        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
-            let frame: Value = serde_json::from_slice(&buf[..i]).expect("frame");
-            buf.drain(..=i);
-            match frame["type"].as_str() {
-                Some("ADDED") => added += 1,
-                Some("BOOKMARK")
-                    if frame["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"]
-                        == "true" =>
-                {
-                    return added;
-                }
+        while let Some((kind, end)) = next_event(&mut buf, protobuf) {
+            match kind.as_str() {
+                "ADDED" => added += 1,
+                "BOOKMARK" if end => return added,
                 other => panic!("{path}: unexpected {other:?}"),
             }
         }
     }
+}
+
+/// Takes the next whole event off `buf`: its type, and whether it ends the initial events.
+fn next_event(buf: &mut Vec<u8>, protobuf: bool) -> Option<(String, bool)> {
+    if !protobuf {
+        let i = buf.iter().position(|b| *b == b'\n')?;
+        let frame: Value = serde_json::from_slice(&buf[..i]).expect("frame");
+        buf.drain(..=i);
+        let end = frame["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true";
+        return Some((frame["type"].as_str().unwrap_or_default().to_owned(), end));
+    }
+    use prost::Message as _;
+    let (len, rest) = buf.split_first_chunk::<4>()?;
+    let len = u32::from_be_bytes(*len) as usize;
+    if rest.len() < len {
+        return None;
+    }
+    let frame: Vec<u8> = buf.drain(..4 + len).collect();
+    let ev = floodgate::protobuf::read_watch(&frame)
+        .expect("a protobuf frame")
+        .pop()
+        .expect("one event");
+    let envelope = ev.object.and_then(|o| o.raw).expect("an object");
+    let raw = floodgate::protobuf::open(&envelope)
+        .expect("an envelope")
+        .raw
+        .unwrap_or_default();
+    // Every kind's metadata is its field 1, as in PartialObjectMetadata.
+    let meta =
+        k8s_pb::apimachinery::pkg::apis::meta::v1::PartialObjectMetadata::decode(raw.as_slice())
+            .expect("an object")
+            .metadata
+            .unwrap_or_default();
+    let end = meta
+        .annotations
+        .get("k8s.io/initial-events-end")
+        .is_some_and(|v| v == "true");
+    Some((ev.r#type.unwrap_or_default(), end))
 }
 
 /// The request sequence of Linkerd's destination (remote discovery) and service mirror, as
@@ -140,27 +189,35 @@ async fn the_linkerd_consumer_profile_is_answered() {
     .await;
     assert_eq!((code, v["status"]["allowed"].as_bool()), (201, Some(true)));
 
-    // 2. Its informers: streaming lists; replicasets through the metadata client.
+    // 2. Its informers: streaming lists, in protobuf as client-go's typed clients ask for it
+    //    (JSON for the Server custom resource); replicasets through the metadata client.
     let json = "application/json";
+    let typed = "application/vnd.kubernetes.protobuf, application/json";
     assert_eq!(
-        streaming_list(&c, "/apis/discovery.k8s.io/v1/endpointslices", json).await,
+        streaming_list(&c, "/apis/discovery.k8s.io/v1/endpointslices", typed).await,
         2,
         "only the exported services' slices"
     );
     assert_eq!(
-        streaming_list(&c, "/api/v1/pods", json).await,
+        streaming_list(&c, "/api/v1/pods", typed).await,
         6,
         "only pods behind exported services"
     );
-    assert_eq!(streaming_list(&c, "/api/v1/services", json).await, 2);
+    assert_eq!(streaming_list(&c, "/api/v1/services", typed).await, 2);
     assert_eq!(
-        streaming_list(&c, "/apis/policy.linkerd.io/v1beta3/servers", json).await,
+        streaming_list(&c, "/api/v1/services", json).await,
+        2,
+        "the same in JSON"
+    );
+    assert_eq!(
+        streaming_list(&c, "/apis/policy.linkerd.io/v1beta3/servers", typed).await,
         0
     );
     let meta_list =
         "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
+    let meta_protobuf = "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
     assert_eq!(
-        streaming_list(&c, "/apis/apps/v1/replicasets", meta_list).await,
+        streaming_list(&c, "/apis/apps/v1/replicasets", meta_protobuf).await,
         2,
         "the pods' owners"
     );
@@ -186,7 +243,7 @@ async fn the_linkerd_consumer_profile_is_answered() {
         (200, Some("v1.33.0-kube-sim")),
         "the remote's version"
     );
-    assert_eq!(streaming_list(&c, "/api/v1/endpoints", json).await, 2);
+    assert_eq!(streaming_list(&c, "/api/v1/endpoints", typed).await, 2);
     let event = serde_json::json!({"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "linkerd-service-mirror-", "namespace": "prod"}, "reason": "Mirrored", "message": "x"});
     let (code, v) = send(
         &c,

@@ -35,6 +35,7 @@ pub mod link;
 pub mod metrics;
 pub mod model;
 pub mod persist;
+pub mod protobuf;
 pub mod registry;
 pub mod run;
 pub mod server;

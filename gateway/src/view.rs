@@ -4,7 +4,8 @@
 //! and follow changes. Each object is stored with Floodgate's own resource version and its JSON
 //! encoded once, at publish time, as the watch frame of its event: the stored JSON is a slice
 //! of that frame, so a LIST, a fan-out to many watchers and the history write and hold bytes
-//! that already exist. Each kind has its own shelf: objects, a history of changes (bounded by
+//! that already exist. Its protobuf forms are encoded once too, the first time a protobuf
+//! client asks, and kept with it ([`crate::protobuf`]). Each kind has its own shelf: objects, a history of changes (bounded by
 //! count over every kind, and by age) that lets a watcher resume from a version it saw, and a
 //! broadcast feed with a bounded backlog per receiver, so a watcher wakes only for its kind.
 //! The history's instants come from tokio's clock, so paused-time tests drive them.
@@ -13,13 +14,14 @@
 //! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::model::{Kind, NsName, ObjKey, Object};
+use crate::protobuf::{self, Forms};
 
 pub mod pages;
 mod publish;
@@ -51,6 +53,10 @@ pub struct Stored {
     pub object: Object,
     /// Its JSON, with `kind`, `apiVersion` and `metadata.resourceVersion`.
     pub json: Bytes,
+    /// The event this state came with (its watch frames are of this type).
+    pub event: EventType,
+    /// Its protobuf forms, encoded when a protobuf client first asks ([`Stored::protobuf`]).
+    protobuf: OnceLock<Box<Forms>>,
 }
 
 impl Stored {
@@ -80,8 +86,22 @@ impl Stored {
             resource_version,
             object,
             json: frame.slice(start..end),
+            event: kind,
+            protobuf: OnceLock::new(),
         };
         (stored, frame)
+    }
+
+    /// Its protobuf forms, encoded on the first call and kept; `None` for a kind without one.
+    pub fn protobuf(&self) -> Option<&Forms> {
+        if !protobuf::has_protobuf(self.object.kind()) {
+            return None;
+        }
+        let forms = self.protobuf.get_or_init(|| {
+            let item = protobuf::item(&self.object, self.resource_version).unwrap_or_default();
+            Box::new(Forms::new(self.object.kind(), &item, self.event.as_str()))
+        });
+        Some(forms)
     }
 }
 

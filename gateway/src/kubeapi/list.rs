@@ -1,5 +1,5 @@
 //! GET and LIST: content negotiation, filtering, and the list body built from each object's
-//! pre-encoded JSON (no object is re-encoded for a full list).
+//! pre-encoded JSON or protobuf message (no object is re-encoded for a full list).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use super::query::{Query, RvMatch, parse_rv};
 use super::resource::{ResourceDef, table_cells, table_columns};
 use super::status::{Reason, StatusError};
-use crate::model::{NsName, ObjKey};
+use crate::model::{Kind, NsName, ObjKey};
+use crate::protobuf;
 use crate::view::pages::Items;
 use crate::view::{ResumeError, Stored, View};
 
@@ -33,38 +34,77 @@ pub enum Render {
     Table,
 }
 
-/// Picks a rendering from the Accept header: JSON when it is absent, `*/*`, or lists
-/// `application/json` with any parameters; 406 otherwise.
-pub fn negotiate(headers: &HeaderMap) -> Result<Render, StatusError> {
+/// The wire encoding of a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// `application/json`.
+    Json,
+    /// `application/vnd.kubernetes.protobuf` ([`crate::protobuf`]).
+    Protobuf,
+}
+
+/// What a request gets, from its Accept header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Format {
+    /// Objects, metadata or a Table.
+    pub render: Render,
+    /// JSON or protobuf.
+    pub encoding: Encoding,
+}
+
+impl Format {
+    /// Plain JSON objects.
+    pub const JSON: Format = Format {
+        render: Render::Full,
+        encoding: Encoding::Json,
+    };
+}
+
+/// Picks a format from the Accept header, as the API server does: the first entry it can
+/// serve, in the order given. JSON when the header is absent or names `*/*`,
+/// `application/json` with any parameters; protobuf for `application/vnd.kubernetes.protobuf`
+/// when `kind` has a protobuf form (a custom resource has none, except as metadata); Tables in
+/// JSON only. 406 when no entry can be served.
+pub fn negotiate(headers: &HeaderMap, kind: Kind) -> Result<Format, StatusError> {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if accept.trim().is_empty() {
-        return Ok(Render::Full);
+        return Ok(Format::JSON);
     }
     for entry in accept.split(',') {
         let mut parts = entry.split(';').map(str::trim);
-        let media = parts.next().unwrap_or("");
-        if !matches!(media, "application/json" | "*/*" | "application/*") {
-            continue;
-        }
+        let encoding = match parts.next().unwrap_or("") {
+            "application/json" | "*/*" | "application/*" => Encoding::Json,
+            protobuf::MEDIA_TYPE => Encoding::Protobuf,
+            _ => continue,
+        };
         let params: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
         let get = |k: &str| params.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
-        return Ok(match (get("as"), get("g")) {
-            (Some("Table"), Some("meta.k8s.io")) => Render::Table,
+        let render = match (get("as"), get("g")) {
+            (Some("Table"), Some("meta.k8s.io")) if encoding == Encoding::Json => Render::Table,
             (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io")) => {
                 Render::Metadata
             }
-            // An `as=` we do not serve: the client listed it first but may accept plain JSON
-            // further on; keep looking.
-            (Some(_), _) => continue,
-            (None, _) => Render::Full,
-        });
+            (None, _) if encoding == Encoding::Json || protobuf::has_protobuf(kind) => Render::Full,
+            // An `as=` or an encoding we do not serve for this kind: the client listed it
+            // first but may accept another further on; keep looking.
+            _ => continue,
+        };
+        return Ok(Format { render, encoding });
     }
     Err(StatusError::new(
         Reason::NotAcceptable,
-        format!("only application/json is served; Accept was {accept:?}"),
+        format!(
+            "{} is served as {}; Accept was {accept:?}",
+            kind.name(),
+            if protobuf::has_protobuf(kind) {
+                "application/json or application/vnd.kubernetes.protobuf"
+            } else {
+                "application/json (a custom resource: protobuf for its metadata only)"
+            }
+        ),
     ))
 }
 
@@ -97,7 +137,7 @@ pub fn list(
     def: &ResourceDef,
     namespace: Option<&str>,
     q: &Query,
-    render: Render,
+    format: Format,
     headers: &HeaderMap,
 ) -> Result<Response, StatusError> {
     // A first page lists the current state, and copies it into a kept snapshot only when
@@ -139,7 +179,10 @@ pub fn list(
         last = start + i;
     }
     let more = items.len() == limit && selected_items.next().is_some();
-    let mut meta = json!({ "resourceVersion": resource_version.to_string() });
+    let mut list_meta = k8s_pb::apimachinery::pkg::apis::meta::v1::ListMeta {
+        resource_version: Some(resource_version.to_string()),
+        ..Default::default()
+    };
     if more {
         if after.is_none() {
             view.pages()
@@ -150,16 +193,48 @@ pub fn list(
             rv: resource_version,
             after: NsName::of(all[last].object.meta()),
         };
-        meta["continue"] = token.encode().into();
+        list_meta.r#continue = Some(token.encode());
         if q.labels.is_empty() && q.fields.is_empty() {
             // The objects of the namespace (or all of them) after this page.
             let end = namespace.map_or(all.len(), |n| {
                 all.partition_point(|s| s.object.meta().namespace.as_deref().unwrap_or("") <= n)
             });
-            meta["remainingItemCount"] = (end - last - 1).into();
+            list_meta.remaining_item_count = i64::try_from(end - last - 1).ok();
         }
     }
-    let body: Vec<u8> = match render {
+    let gzip = accepts_gzip(headers);
+    if format.encoding == Encoding::Protobuf {
+        let body = match format.render {
+            Render::Metadata => {
+                let metas: Vec<Vec<u8>> = items.iter().map(|s| metadata_item(s)).collect();
+                protobuf::list(
+                    "meta.k8s.io/v1",
+                    "PartialObjectMetadataList",
+                    &list_meta,
+                    metas.iter().map(Vec::as_slice),
+                )
+            }
+            // Negotiation gives protobuf objects only for kinds that have a form.
+            _ => protobuf::list(
+                &def.api_version(),
+                &def.list_kind(),
+                &list_meta,
+                items
+                    .iter()
+                    .filter_map(|s| s.protobuf())
+                    .map(protobuf::Forms::item),
+            ),
+        };
+        return Ok(response(StatusCode::OK, body, gzip, protobuf::MEDIA_TYPE));
+    }
+    let mut meta = json!({ "resourceVersion": resource_version.to_string() });
+    if let Some(c) = list_meta.r#continue {
+        meta["continue"] = c.into();
+    }
+    if let Some(n) = list_meta.remaining_item_count {
+        meta["remainingItemCount"] = n.into();
+    }
+    let body: Vec<u8> = match format.render {
         Render::Full => {
             let size: usize = items.iter().map(|s| s.json.len() + 1).sum();
             let mut b = Vec::with_capacity(size + 256);
@@ -188,7 +263,16 @@ pub fn list(
         .map_err(internal)?,
         Render::Table => serde_json::to_vec(&table(def, &items, meta)).map_err(internal)?,
     };
-    Ok(json_response(StatusCode::OK, body, accepts_gzip(headers)))
+    Ok(json_response(StatusCode::OK, body, gzip))
+}
+
+/// The protobuf message of an object's `PartialObjectMetadata`.
+pub fn metadata_item(stored: &Stored) -> Vec<u8> {
+    let rv = stored.resource_version.to_string();
+    protobuf::metadata_only(protobuf::convert::object_meta(
+        stored.object.meta(),
+        Some(&rv),
+    ))
 }
 
 /// The page size a list is served with, if it is paginated (see [`list`]). A `continue` comes
@@ -268,7 +352,7 @@ pub fn get(
     def: &ResourceDef,
     namespace: Option<&str>,
     name: &str,
-    render: Render,
+    format: Format,
 ) -> Result<Response, StatusError> {
     // The version is read first: the object is at least as new as the version a Table says.
     let resource_version = view.resource_version();
@@ -288,7 +372,18 @@ pub fn get(
     let Some(stored) = found.as_ref() else {
         return Err(StatusError::not_found(def.plural, name));
     };
-    let body = match render {
+    if format.encoding == Encoding::Protobuf {
+        let body = match stored.protobuf() {
+            Some(forms) if format.render == Render::Full => forms.envelope().to_vec(),
+            _ => protobuf::envelope(
+                "meta.k8s.io/v1",
+                "PartialObjectMetadata",
+                &metadata_item(stored),
+            ),
+        };
+        return Ok(response(StatusCode::OK, body, false, protobuf::MEDIA_TYPE));
+    }
+    let body = match format.render {
         Render::Full => stored.json.to_vec(),
         Render::Metadata => serde_json::to_vec(&partial_metadata(stored)).map_err(internal)?,
         Render::Table => {
@@ -345,6 +440,11 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 
 /// A JSON response, gzipped when large and accepted.
 pub fn json_response(code: StatusCode, body: Vec<u8>, gzip: bool) -> Response {
+    response(code, body, gzip, "application/json")
+}
+
+/// A response of `content_type`, gzipped when large and accepted.
+fn response(code: StatusCode, body: Vec<u8>, gzip: bool, content_type: &'static str) -> Response {
     let mut resp = if gzip && body.len() > GZIP_OVER {
         let mut enc = flate2::write::GzEncoder::new(
             Vec::with_capacity(body.len() / 8),
@@ -362,10 +462,8 @@ pub fn json_response(code: StatusCode, body: Vec<u8>, gzip: bool) -> Response {
     } else {
         (code, Body::from(body)).into_response()
     };
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 

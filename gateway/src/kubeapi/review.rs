@@ -3,51 +3,13 @@
 //! `runtime.Unknown` wrapping the object); kubectl and others send JSON. Both are read; the
 //! answer is JSON, which clients decode by its Content-Type.
 
+use k8s_pb::api::authorization::v1::SelfSubjectAccessReview;
 use prost::Message;
 use serde_json::{Value, json};
 
 use super::resource::ResourceDef;
 use super::status::{Reason, StatusError};
-
-const PROTOBUF_MAGIC: &[u8] = b"k8s\0";
-
-/// `runtime.Unknown` (k8s.io/apimachinery/pkg/runtime/generated.proto).
-#[derive(Clone, PartialEq, Message)]
-struct Unknown {
-    #[prost(bytes = "vec", tag = "2")]
-    raw: Vec<u8>,
-}
-
-/// `authorization.k8s.io/v1.SelfSubjectAccessReview`, the fields we read.
-#[derive(Clone, PartialEq, Message)]
-struct ReviewProto {
-    #[prost(message, optional, tag = "2")]
-    spec: Option<SpecProto>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct SpecProto {
-    #[prost(message, optional, tag = "1")]
-    resource_attributes: Option<AttributesProto>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct AttributesProto {
-    #[prost(string, optional, tag = "1")]
-    namespace: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    verb: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    group: Option<String>,
-    #[prost(string, optional, tag = "4")]
-    version: Option<String>,
-    #[prost(string, optional, tag = "5")]
-    resource: Option<String>,
-    #[prost(string, optional, tag = "6")]
-    subresource: Option<String>,
-    #[prost(string, optional, tag = "7")]
-    name: Option<String>,
-}
+use crate::protobuf;
 
 /// What the review asks about.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,16 +28,10 @@ pub struct Attributes {
 
 /// Reads a review body, JSON or protobuf.
 pub fn parse(body: &[u8], content_type: &str) -> Result<Attributes, StatusError> {
-    if content_type.starts_with("application/vnd.kubernetes.protobuf")
-        || body.starts_with(PROTOBUF_MAGIC)
-    {
-        let rest = body.strip_prefix(PROTOBUF_MAGIC).ok_or_else(|| {
-            StatusError::bad_request("protobuf body without the k8s\\0 magic prefix")
-        })?;
-        let unknown = Unknown::decode(rest).map_err(|e| {
-            StatusError::bad_request(format!("invalid protobuf runtime.Unknown: {e}"))
-        })?;
-        let review = ReviewProto::decode(unknown.raw.as_slice()).map_err(|e| {
+    if content_type.starts_with(protobuf::MEDIA_TYPE) || body.starts_with(protobuf::MAGIC) {
+        let unknown = protobuf::open(body).map_err(|e| StatusError::bad_request(e.to_string()))?;
+        let raw = unknown.raw.unwrap_or_default();
+        let review = SelfSubjectAccessReview::decode(raw.as_slice()).map_err(|e| {
             StatusError::bad_request(format!("invalid protobuf SelfSubjectAccessReview: {e}"))
         })?;
         let a = review
@@ -148,7 +104,8 @@ pub fn unsupported(content_type: &str) -> StatusError {
 /// `k8s\0` magic, then a `runtime.Unknown` carrying the SelfSubjectAccessReview (for tests and
 /// tools that replay Linkerd's requests).
 pub fn client_go_body(verb: &str, group: &str, resource: &str) -> Vec<u8> {
-    let attrs = AttributesProto {
+    use k8s_pb::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReviewSpec};
+    let attrs = ResourceAttributes {
         namespace: Some(String::new()),
         verb: Some(verb.into()),
         group: Some(group.into()),
@@ -156,43 +113,20 @@ pub fn client_go_body(verb: &str, group: &str, resource: &str) -> Vec<u8> {
         resource: Some(resource.into()),
         subresource: Some(String::new()),
         name: Some(String::new()),
+        ..Default::default()
     };
-    let review = ReviewProto {
-        spec: Some(SpecProto {
+    let review = SelfSubjectAccessReview {
+        spec: Some(SelfSubjectAccessReviewSpec {
             resource_attributes: Some(attrs),
+            non_resource_attributes: None,
         }),
+        ..Default::default()
     };
-    let mut out = PROTOBUF_MAGIC.to_vec();
-    // runtime.Unknown: field 1 typeMeta {apiVersion, kind}, field 2 raw, 3 and 4 empty.
-    #[derive(Clone, PartialEq, Message)]
-    struct TypeMeta {
-        #[prost(string, optional, tag = "1")]
-        api_version: Option<String>,
-        #[prost(string, optional, tag = "2")]
-        kind: Option<String>,
-    }
-    #[derive(Clone, PartialEq, Message)]
-    struct Full {
-        #[prost(message, optional, tag = "1")]
-        type_meta: Option<TypeMeta>,
-        #[prost(bytes = "vec", optional, tag = "2")]
-        raw: Option<Vec<u8>>,
-        #[prost(string, optional, tag = "3")]
-        content_encoding: Option<String>,
-        #[prost(string, optional, tag = "4")]
-        content_type: Option<String>,
-    }
-    let full = Full {
-        type_meta: Some(TypeMeta {
-            api_version: Some("authorization.k8s.io/v1".into()),
-            kind: Some("SelfSubjectAccessReview".into()),
-        }),
-        raw: Some(review.encode_to_vec()),
-        content_encoding: Some(String::new()),
-        content_type: Some(String::new()),
-    };
-    out.extend(full.encode_to_vec());
-    out
+    protobuf::envelope(
+        "authorization.k8s.io/v1",
+        "SelfSubjectAccessReview",
+        &review.encode_to_vec(),
+    )
 }
 
 #[cfg(test)]

@@ -198,7 +198,7 @@ async fn dispatch<S: ApiStore>(
                     "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
                 ));
             }
-            let render = negotiate(headers)?;
+            let format = negotiate(headers, def.kind)?;
             if q.watch {
                 let Ok(slot) = api.watch_slots.clone().try_acquire_owned() else {
                     return Err(StatusError {
@@ -212,7 +212,7 @@ async fn dispatch<S: ApiStore>(
                         )
                     });
                 };
-                let resp = watch::watch(store.view(), def, namespace, name, q, render, slot)?;
+                let resp = watch::watch(store.view(), def, namespace, name, q, format, slot)?;
                 // Counted once the watcher is subscribed: a test that waits for the count knows
                 // every later change reaches it.
                 bump(&api.counters.watches);
@@ -221,11 +221,11 @@ async fn dispatch<S: ApiStore>(
             match name {
                 Some(name) => {
                     bump(&api.counters.gets);
-                    list::get(store.view(), def, namespace, name, render)
+                    list::get(store.view(), def, namespace, name, format)
                 }
                 None => {
                     bump(&api.counters.lists);
-                    list::list(store.view(), def, namespace, &q, render, headers)
+                    list::list(store.view(), def, namespace, &q, format, headers)
                 }
             }
         }

@@ -176,6 +176,30 @@ impl StatusError {
         }
         v
     }
+
+    /// The same Status as a protobuf envelope (an in-stream ERROR of a protobuf watch). Its
+    /// `details` carry the retry hint; the rest of them are in the JSON form only.
+    pub fn to_protobuf(&self) -> Vec<u8> {
+        use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb;
+        use prost::Message as _;
+        let retry = self
+            .details
+            .as_ref()
+            .and_then(|d| d["retryAfterSeconds"].as_i64())
+            .and_then(|s| i32::try_from(s).ok());
+        let status = pb::Status {
+            metadata: Some(pb::ListMeta::default()),
+            status: Some("Failure".into()),
+            message: Some(self.message.clone()),
+            reason: Some(self.reason.name().into()),
+            details: retry.map(|s| pb::StatusDetails {
+                retry_after_seconds: Some(s),
+                ..Default::default()
+            }),
+            code: Some(i32::from(self.code().as_u16())),
+        };
+        crate::protobuf::envelope("v1", "Status", &status.encode_to_vec())
+    }
 }
 
 impl IntoResponse for StatusError {

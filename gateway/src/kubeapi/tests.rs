@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -66,14 +66,31 @@ async fn call(
 
 /// GET `uri` with the token and `accept`: the JSON answered.
 async fn get_as(router: axum::Router, uri: &str, accept: &str) -> Value {
+    let (_, _, body) = fetch(router, uri, accept).await;
+    serde_json::from_slice(&body).expect("json")
+}
+
+/// GET `uri` with `accept`: the status, the Content-Type and the body.
+pub(super) async fn fetch(
+    router: axum::Router,
+    uri: &str,
+    accept: &str,
+) -> (StatusCode, String, Vec<u8>) {
     let req = Request::get(uri)
         .header("authorization", "Bearer t0k3n")
         .header("accept", accept)
         .body(Body::empty())
         .expect("req");
     let resp = router.oneshot(req).await.expect("resp");
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    serde_json::from_slice(&bytes).expect("json")
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let code = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (code, content_type, body.to_vec())
 }
 
 fn api() -> axum::Router {
@@ -260,9 +277,9 @@ async fn every_error_is_a_status_with_the_right_code() {
 }
 
 #[tokio::test]
-async fn protobuf_only_accept_is_406_and_tables_render() {
+async fn protobuf_only_accept_for_a_custom_resource_is_406_and_tables_render() {
     let r = api();
-    let req = Request::get("/api/v1/services")
+    let req = Request::get("/apis/policy.linkerd.io/v1beta3/servers")
         .header("authorization", "Bearer t0k3n")
         .header("accept", "application/vnd.kubernetes.protobuf")
         .body(Body::empty())
@@ -358,4 +375,5 @@ fn shared() -> (View, axum::Router) {
 
 mod fuzz;
 mod pages;
+mod protobuf;
 mod watch;

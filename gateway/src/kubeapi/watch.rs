@@ -1,4 +1,4 @@
-//! WATCH: the newline-delimited JSON event stream, with synthetic ADDED for a start from
+//! WATCH: the event stream (newline-delimited JSON, or length-delimited protobuf frames), with synthetic ADDED for a start from
 //! scratch, resumption from the view's history, streaming lists (`sendInitialEvents`), bookmarks,
 //! selector-driven ADDED/DELETED, a bounded lifetime, and a bounded backlog per watcher.
 //!
@@ -23,10 +23,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::{Instant, sleep_until};
 
-use super::list::{Render, partial_metadata, selected};
+use super::list::{Encoding, Format, Render, metadata_item, partial_metadata, selected};
 use super::query::{Query, parse_rv};
 use super::resource::ResourceDef;
 use super::status::StatusError;
+use crate::protobuf;
 use crate::view::{Event, EventType, ResumeError, Stored, View, frame};
 
 /// How often an idle watch with bookmarks gets one (the API server: about every minute).
@@ -37,7 +38,7 @@ struct Watcher {
     def: &'static ResourceDef,
     namespace: Option<String>,
     query: Query,
-    render: Render,
+    format: Format,
     rx: broadcast::Receiver<Event>,
     initial: VecDeque<Arc<Stored>>,
     initial_end_bookmark: bool,
@@ -57,7 +58,7 @@ pub fn watch(
     namespace: Option<&str>,
     name: Option<&str>,
     mut query: Query,
-    render: Render,
+    format: Format,
     slot: OwnedSemaphorePermit,
 ) -> Result<Response, StatusError> {
     if let Some(name) = name {
@@ -72,7 +73,7 @@ pub fn watch(
             // NotOlderThan a version: it must be one this incarnation issued.
             match view.check_issued(parse_rv(&rv)?) {
                 Err(ResumeError::TooLarge) => return Err(StatusError::too_large(&rv)),
-                Err(ResumeError::Expired) => return Ok(expired_stream(&rv)),
+                Err(ResumeError::Expired) => return Ok(expired_stream(&rv, format.encoding)),
                 Ok(()) => {}
             }
         }
@@ -92,7 +93,7 @@ pub fn watch(
                     def,
                     namespace,
                     query,
-                    render,
+                    format,
                     rx,
                     VecDeque::new(),
                     false,
@@ -103,29 +104,37 @@ pub fn watch(
                 return Ok(w.into_response(replay));
             }
             Err(ResumeError::TooLarge) => return Err(StatusError::too_large(&rv)),
-            Err(ResumeError::Expired) => return Ok(expired_stream(&rv)),
+            Err(ResumeError::Expired) => return Ok(expired_stream(&rv, format.encoding)),
         }
     };
     let mut w = Watcher::new(
-        def, namespace, query, render, rx, initial, streaming, last_rv,
+        def, namespace, query, format, rx, initial, streaming, last_rv,
     );
     w.slot = Some(slot);
     Ok(w.into_response(Vec::new()))
 }
 
 /// HTTP 200 with one ERROR event carrying a 410 Status, then the end.
-fn expired_stream(rv: &str) -> Response {
-    let status = StatusError::expired(rv).to_json();
-    let body = format!("{}\n", json!({ "type": "ERROR", "object": status }));
-    streaming_response(Body::from(body))
+fn expired_stream(rv: &str, encoding: Encoding) -> Response {
+    let status = StatusError::expired(rv);
+    let body = match encoding {
+        Encoding::Json => Bytes::from(format!(
+            "{}\n",
+            json!({ "type": "ERROR", "object": status.to_json() })
+        )),
+        Encoding::Protobuf => protobuf::watch_frame("ERROR", &status.to_protobuf()),
+    };
+    streaming_response(Body::from(body), encoding)
 }
 
-fn streaming_response(body: Body) -> Response {
+fn streaming_response(body: Body, encoding: Encoding) -> Response {
     let mut resp = (StatusCode::OK, body).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let content_type = match encoding {
+        Encoding::Json => "application/json",
+        Encoding::Protobuf => protobuf::WATCH_MEDIA_TYPE,
+    };
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp.headers_mut().insert(
         header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache, private"),
@@ -139,7 +148,7 @@ impl Watcher {
         def: &'static ResourceDef,
         namespace: Option<&str>,
         query: Query,
-        render: Render,
+        format: Format,
         rx: broadcast::Receiver<Event>,
         initial: VecDeque<Arc<Stored>>,
         initial_end_bookmark: bool,
@@ -152,7 +161,7 @@ impl Watcher {
             deadline: now + query.timeout,
             next_bookmark: now + BOOKMARK_EVERY,
             query,
-            render,
+            format,
             rx,
             initial,
             initial_end_bookmark,
@@ -163,6 +172,7 @@ impl Watcher {
     }
 
     fn into_response(self, replay: Vec<Bytes>) -> Response {
+        let self_encoding = self.format.encoding;
         let replay: VecDeque<Bytes> = replay.into();
         let body = stream::unfold((self, replay), |(mut w, mut replay)| async move {
             if let Some(b) = replay.pop_front() {
@@ -171,7 +181,7 @@ impl Watcher {
             let next = w.next_frame().await?;
             Some((Ok(next), (w, replay)))
         });
-        streaming_response(Body::from_stream(body))
+        streaming_response(Body::from_stream(body), self_encoding)
     }
 
     /// The next frame to write, or `None` to end the stream.
@@ -243,36 +253,75 @@ impl Watcher {
             (k, _) if now_in => k,
             _ => return None,
         };
-        if kind == ev.kind && self.render == Render::Full {
+        if kind == ev.kind && self.format.render == Render::Full {
             // The common case: the frame the view encoded once.
-            return Some(ev.frame.clone());
+            match self.format.encoding {
+                Encoding::Json => return Some(ev.frame.clone()),
+                Encoding::Protobuf => {
+                    if let Some(forms) = ev.object.protobuf().filter(|_| ev.object.event == kind) {
+                        return Some(forms.frame());
+                    }
+                }
+            }
         }
         Some(self.object_frame(kind, &ev.object))
     }
 
     fn object_frame(&self, kind: EventType, s: &Stored) -> Bytes {
-        match self.render {
-            Render::Full => frame(kind.as_str(), &s.json),
-            Render::Metadata | Render::Table => {
+        match (self.format.encoding, self.format.render) {
+            (Encoding::Json, Render::Full) => frame(kind.as_str(), &s.json),
+            (Encoding::Json, Render::Metadata | Render::Table) => {
                 let meta = serde_json::to_vec(&partial_metadata(s)).unwrap_or_default();
                 frame(kind.as_str(), &meta)
             }
+            (Encoding::Protobuf, render) => match s.protobuf() {
+                Some(forms) if render == Render::Full => {
+                    protobuf::watch_frame(kind.as_str(), forms.envelope())
+                }
+                _ => protobuf::watch_frame(
+                    kind.as_str(),
+                    &protobuf::envelope(
+                        "meta.k8s.io/v1",
+                        "PartialObjectMetadata",
+                        &metadata_item(s),
+                    ),
+                ),
+            },
         }
     }
 
     fn bookmark(&self, initial_events_end: bool) -> Bytes {
-        let (kind, api_version) = match self.render {
+        let (kind, api_version) = match self.format.render {
             Render::Full => (self.def.kind.name().to_owned(), self.def.api_version()),
             _ => (
                 "PartialObjectMetadata".to_owned(),
                 "meta.k8s.io/v1".to_owned(),
             ),
         };
+        if self.format.encoding == Encoding::Protobuf {
+            let meta = k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                resource_version: Some(self.last_rv.to_string()),
+                annotations: if initial_events_end {
+                    [(INITIAL_EVENTS_END.to_owned(), "true".to_owned())].into()
+                } else {
+                    Default::default()
+                },
+                ..Default::default()
+            };
+            let item = protobuf::metadata_only(meta);
+            return protobuf::watch_frame(
+                "BOOKMARK",
+                &protobuf::envelope(&api_version, &kind, &item),
+            );
+        }
         let mut meta = json!({ "resourceVersion": self.last_rv.to_string() });
         if initial_events_end {
-            meta["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+            meta["annotations"] = json!({ INITIAL_EVENTS_END: "true" });
         }
         let obj = json!({ "kind": kind, "apiVersion": api_version, "metadata": meta });
         frame("BOOKMARK", obj.to_string().as_bytes())
     }
 }
+
+/// The annotation of the bookmark that ends a streaming list's initial events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
