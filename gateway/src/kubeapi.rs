@@ -290,7 +290,10 @@ fn unauthorized() -> StatusError {
 
 /// A router serving one API at the root (the simulator).
 pub fn router<S: ApiStore>(api: Arc<Api<S>>) -> Router {
-    Router::new().fallback(root_handler::<S>).with_state(api)
+    Router::new()
+        .fallback(root_handler::<S>)
+        .with_state(api)
+        .layer(list::compression())
 }
 
 async fn root_handler<S: ApiStore>(State(api): State<Arc<Api<S>>>, req: Request) -> Response {
@@ -373,7 +376,10 @@ impl<S: ApiStore> Directory for Links<S> {
 
 /// A router serving every link of `links` under `/links/<name>/`.
 pub fn links_router<D: Directory>(links: Arc<D>) -> Router {
-    Router::new().fallback(links_handler::<D>).with_state(links)
+    Router::new()
+        .fallback(links_handler::<D>)
+        .with_state(links)
+        .layer(list::compression())
 }
 
 async fn links_handler<D: Directory>(State(links): State<Arc<D>>, req: Request) -> Response {

@@ -9,8 +9,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use bytes::Bytes;
 use serde_json::{Value, json};
+use tower_http::compression::predicate::Predicate;
+use tower_http::compression::{CompressionLayer, CompressionLevel};
 
 use super::query::{Query, RvMatch, parse_rv};
 use super::resource::{ResourceDef, table_cells, table_columns};
@@ -20,8 +21,9 @@ use crate::protobuf;
 use crate::view::pages::Items;
 use crate::view::{ResumeError, Stored, View};
 
-/// Lists larger than this are gzipped when the client accepts it (the API server's threshold).
-const GZIP_OVER: usize = 128 * 1024;
+/// Responses of this size or more are gzipped when the client accepts it (the API server's
+/// threshold).
+pub const GZIP_OVER: usize = 128 * 1024;
 
 /// How the client wants objects rendered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,7 +140,6 @@ pub fn list(
     namespace: Option<&str>,
     q: &Query,
     format: Format,
-    headers: &HeaderMap,
 ) -> Result<Response, StatusError> {
     // A first page lists the current state, and copies it into a kept snapshot only when
     // more pages follow; later pages read the kept one.
@@ -202,7 +203,6 @@ pub fn list(
             list_meta.remaining_item_count = i64::try_from(end - last - 1).ok();
         }
     }
-    let gzip = accepts_gzip(headers);
     if format.encoding == Encoding::Protobuf {
         let body = match format.render {
             Render::Metadata => {
@@ -225,7 +225,7 @@ pub fn list(
                     .map(protobuf::Forms::item),
             ),
         };
-        return Ok(response(StatusCode::OK, body, gzip, protobuf::MEDIA_TYPE));
+        return Ok(response(StatusCode::OK, body, protobuf::MEDIA_TYPE));
     }
     let mut meta = json!({ "resourceVersion": resource_version.to_string() });
     if let Some(c) = list_meta.r#continue {
@@ -263,7 +263,7 @@ pub fn list(
         .map_err(internal)?,
         Render::Table => serde_json::to_vec(&table(def, &items, meta)).map_err(internal)?,
     };
-    Ok(json_response(StatusCode::OK, body, gzip))
+    Ok(json_response(StatusCode::OK, body))
 }
 
 /// The protobuf message of an object's `PartialObjectMetadata`.
@@ -381,7 +381,7 @@ pub fn get(
                 &metadata_item(stored),
             ),
         };
-        return Ok(response(StatusCode::OK, body, false, protobuf::MEDIA_TYPE));
+        return Ok(response(StatusCode::OK, body, protobuf::MEDIA_TYPE));
     }
     let body = match format.render {
         Render::Full => stored.json.to_vec(),
@@ -391,7 +391,7 @@ pub fn get(
             serde_json::to_vec(&table(def, &[stored], meta)).map_err(internal)?
         }
     };
-    Ok(json_response(StatusCode::OK, body, false))
+    Ok(json_response(StatusCode::OK, body))
 }
 
 /// The resourceVersion rules of a LIST, for Floodgate's versions (no snapshots are kept: only
@@ -430,41 +430,41 @@ fn table(def: &ResourceDef, items: &[&Arc<Stored>], meta: Value) -> Value {
     })
 }
 
-fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.split(',').any(|e| e.trim().starts_with("gzip")))
+/// A JSON response.
+pub fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
+    response(code, body, "application/json")
 }
 
-/// A JSON response, gzipped when large and accepted.
-pub fn json_response(code: StatusCode, body: Vec<u8>, gzip: bool) -> Response {
-    response(code, body, gzip, "application/json")
-}
-
-/// A response of `content_type`, gzipped when large and accepted.
-fn response(code: StatusCode, body: Vec<u8>, gzip: bool, content_type: &'static str) -> Response {
-    let mut resp = if gzip && body.len() > GZIP_OVER {
-        let mut enc = flate2::write::GzEncoder::new(
-            Vec::with_capacity(body.len() / 8),
-            flate2::Compression::fast(),
-        );
-        match enc.write_all(&body).and_then(|()| enc.finish()) {
-            Ok(z) => {
-                let mut r = (code, Body::from(Bytes::from(z))).into_response();
-                r.headers_mut()
-                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-                r
-            }
-            Err(_) => (code, Body::from(body)).into_response(),
-        }
-    } else {
-        (code, Body::from(body)).into_response()
-    };
+/// A response of `content_type`.
+fn response(code: StatusCode, body: Vec<u8>, content_type: &'static str) -> Response {
+    let mut resp = (code, Body::from(body)).into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
+}
+
+/// gzip for responses of [`GZIP_OVER`] bytes or more, when the client accepts it (tower-http
+/// reads `Accept-Encoding` and sets `Content-Encoding` and `Vary`). It compresses as hyper
+/// writes, one buffer at a time, so a large list is neither compressed whole before its first
+/// byte nor held twice. Watch streams have no known size and are never compressed.
+pub fn compression() -> CompressionLayer<LargeBodies> {
+    CompressionLayer::new()
+        .quality(CompressionLevel::Fastest)
+        .compress_when(LargeBodies)
+}
+
+/// The bodies [`compression`] compresses: a known size of at least [`GZIP_OVER`].
+#[derive(Clone, Copy, Debug)]
+pub struct LargeBodies;
+
+impl Predicate for LargeBodies {
+    fn should_compress<B: http_body::Body>(&self, response: &axum::http::Response<B>) -> bool {
+        response
+            .body()
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n >= GZIP_OVER as u64)
+    }
 }
 
 fn internal(e: impl std::fmt::Display) -> StatusError {

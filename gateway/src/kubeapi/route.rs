@@ -116,7 +116,7 @@ async fn dispatch<S: ApiStore>(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let read = method == Method::GET || method == Method::HEAD;
-    let json = |v: Value, code: StatusCode| json_response(code, v.to_string().into_bytes(), false);
+    let json = |v: Value, code: StatusCode| json_response(code, v.to_string().into_bytes());
     match route(path) {
         Target::NotFound => Err(not_found_path()),
         Target::Version if read => Ok(json(store.version(), StatusCode::OK)),
@@ -225,7 +225,7 @@ async fn dispatch<S: ApiStore>(
                 }
                 None => {
                     bump(&api.counters.lists);
-                    list::list(store.view(), def, namespace, &q, format, headers)
+                    list::list(store.view(), def, namespace, &q, format)
                 }
             }
         }

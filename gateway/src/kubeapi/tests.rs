@@ -300,6 +300,67 @@ async fn protobuf_only_accept_for_a_custom_resource_is_406_and_tables_render() {
 }
 
 #[tokio::test]
+async fn large_lists_are_gzipped_for_clients_that_accept_it_and_watches_never() {
+    let view = View::new(9, 1000);
+    let note = "x".repeat(1024);
+    view.apply((0..200).map(|i| {
+        let mut s = mk_service(&format!("svc-{i:03}"), "prod", "web");
+        if let Object::Service(svc) = &mut s {
+            Arc::make_mut(svc).metadata.annotations =
+                Some([("note".to_owned(), note.clone())].into());
+        }
+        Change::Upsert(s)
+    }));
+    let r = router(Arc::new(Api::new(Fixed(view), "t0k3n")));
+    let get = |uri: &str, gzip: bool| {
+        let mut req = Request::get(uri).header("authorization", "Bearer t0k3n");
+        if gzip {
+            req = req.header("accept-encoding", "gzip");
+        }
+        r.clone().oneshot(req.body(Body::empty()).expect("req"))
+    };
+    let plain = get("/api/v1/services", false).await.expect("resp");
+    assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
+    let plain = plain.into_body().collect().await.expect("body").to_bytes();
+    assert!(
+        plain.len() > super::list::GZIP_OVER,
+        "{} bytes",
+        plain.len()
+    );
+    let zipped = get("/api/v1/services", true).await.expect("resp");
+    assert_eq!(
+        zipped
+            .headers()
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+        Some("gzip")
+    );
+    let zipped = zipped.into_body().collect().await.expect("body").to_bytes();
+    assert!(
+        zipped.len() < plain.len() / 4,
+        "{} of {}",
+        zipped.len(),
+        plain.len()
+    );
+    let mut unzipped = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&zipped[..]),
+        &mut unzipped,
+    )
+    .expect("gzip");
+    assert_eq!(unzipped, plain.to_vec(), "the same list");
+    // Small answers and streams stay as they are.
+    let one = get("/api/v1/namespaces/prod/services/svc-001", true)
+        .await
+        .expect("resp");
+    assert!(one.headers().get(header::CONTENT_ENCODING).is_none());
+    let watch = get("/api/v1/services?watch=1&timeoutSeconds=1", true)
+        .await
+        .expect("resp");
+    assert!(watch.headers().get(header::CONTENT_ENCODING).is_none());
+}
+
+#[tokio::test]
 async fn events_are_accepted_and_discarded() {
     let api = Arc::new(Api::new(Fixed(mk_view()), "t0k3n"));
     let (code, v) = call(router(api.clone()), "POST", "/api/v1/namespaces/prod/events", Some("t0k3n"),
