@@ -72,9 +72,10 @@ pub struct Forms {
 }
 
 impl Forms {
-    /// Encodes `item` (a message of `kind`) as the frame of an `event` event.
-    pub fn new(kind: Kind, item: &[u8], event: &str) -> Self {
-        let type_meta = type_meta(kind.api_version(), kind.name());
+    /// Encodes `item` (a message of the kind `kind` of `api_version`) as the frame of an
+    /// `event` event.
+    pub fn new(api_version: &str, kind: &str, item: &[u8], event: &str) -> Self {
+        let type_meta = type_meta(api_version, kind);
         let unknown = unknown_len(&type_meta, item.len());
         let mut b = frame_head(event, MAGIC.len() + unknown);
         let start = b.len();

@@ -4,8 +4,8 @@
 //! and follow changes. Each object is stored with Floodgate's own resource version and its JSON
 //! encoded once, at publish time, as the watch frame of its event: the stored JSON is a slice
 //! of that frame, so a LIST, a fan-out to many watchers and the history write and hold bytes
-//! that already exist. Its protobuf forms are encoded once too, the first time a protobuf
-//! client asks, and kept with it ([`crate::protobuf`]). Each kind has its own shelf: objects, a history of changes (bounded by
+//! that already exist. Its protobuf and metadata-only forms are encoded once too, the first
+//! time a client asks for them, and kept with it ([`crate::protobuf`], [`metadata`]). Each kind has its own shelf: objects, a history of changes (bounded by
 //! count over every kind, and by age) that lets a watcher resume from a version it saw, and a
 //! broadcast feed with a bounded backlog per receiver, so a watcher wakes only for its kind.
 //! The history's instants come from tokio's clock, so paused-time tests drive them.
@@ -23,9 +23,11 @@ use tokio::time::Instant;
 use crate::model::{Kind, NsName, ObjKey, Object};
 use crate::protobuf::{self, Forms};
 
+pub mod metadata;
 pub mod pages;
 mod publish;
 
+use metadata::Metadata;
 use publish::encode;
 
 const COUNTER_BITS: u32 = 40;
@@ -57,6 +59,8 @@ pub struct Stored {
     pub event: EventType,
     /// Its protobuf forms, encoded when a protobuf client first asks ([`Stored::protobuf`]).
     protobuf: OnceLock<Box<Forms>>,
+    /// Its metadata-only forms, encoded when a metadata client first asks.
+    metadata: OnceLock<Box<Metadata>>,
 }
 
 impl Stored {
@@ -69,25 +73,14 @@ impl Stored {
     /// stored JSON is a slice of that frame: the object and its event share one buffer.
     fn framed(object: Object, resource_version: u64, kind: EventType) -> (Self, Bytes) {
         let value = object.to_json(&resource_version.to_string());
-        let mut b = Vec::with_capacity(256);
-        b.extend_from_slice(FRAME_TYPE);
-        b.extend_from_slice(kind.as_str().as_bytes());
-        b.extend_from_slice(FRAME_OBJECT);
-        let start = b.len();
-        // Writing a `Value` into a `Vec` has no failure case (its keys are strings).
-        let _ = serde_json::to_writer(&mut b, &value);
-        let end = b.len();
-        b.extend_from_slice(FRAME_END);
-        // Held as long as the object is served: without its growth room (the vector doubled
-        // from 256 bytes, so a 1.1 KB pod held 2 KB).
-        b.shrink_to_fit();
-        let frame = Bytes::from(b);
+        let (frame, json) = json_frame(kind, &value);
         let stored = Self {
             resource_version,
             object,
-            json: frame.slice(start..end),
+            json,
             event: kind,
             protobuf: OnceLock::new(),
+            metadata: OnceLock::new(),
         };
         (stored, frame)
     }
@@ -99,10 +92,46 @@ impl Stored {
         }
         let forms = self.protobuf.get_or_init(|| {
             let item = protobuf::item(&self.object, self.resource_version).unwrap_or_default();
-            Box::new(Forms::new(self.object.kind(), &item, self.event.as_str()))
+            let kind = self.object.kind();
+            Box::new(Forms::new(
+                kind.api_version(),
+                kind.name(),
+                &item,
+                self.event.as_str(),
+            ))
         });
         Some(forms)
     }
+
+    /// Its metadata-only forms, encoded on the first call and kept.
+    pub fn metadata(&self) -> &Metadata {
+        self.metadata.get_or_init(|| {
+            Box::new(Metadata::new(
+                self.object.meta(),
+                self.resource_version,
+                self.event,
+            ))
+        })
+    }
+}
+
+/// The watch frame of a `kind` event carrying `value`, and the object's JSON, a slice of it.
+fn json_frame(kind: EventType, value: &serde_json::Value) -> (Bytes, Bytes) {
+    let mut b = Vec::with_capacity(256);
+    b.extend_from_slice(FRAME_TYPE);
+    b.extend_from_slice(kind.as_str().as_bytes());
+    b.extend_from_slice(FRAME_OBJECT);
+    let start = b.len();
+    // Writing a `Value` into a `Vec` has no failure case (its keys are strings).
+    let _ = serde_json::to_writer(&mut b, value);
+    let end = b.len();
+    b.extend_from_slice(FRAME_END);
+    // Held as long as the object is served: without its growth room (the vector doubled
+    // from 256 bytes, so a 1.1 KB pod held 2 KB).
+    b.shrink_to_fit();
+    let frame = Bytes::from(b);
+    let json = frame.slice(start..end);
+    (frame, json)
 }
 
 const FRAME_TYPE: &[u8] = b"{\"type\":\"";

@@ -18,6 +18,7 @@ use super::resource::{ResourceDef, table_cells, table_columns};
 use super::status::{Reason, StatusError};
 use crate::model::{Kind, NsName, ObjKey};
 use crate::protobuf;
+use crate::view::metadata::{self, partial_metadata};
 use crate::view::pages::Items;
 use crate::view::{ResumeError, Stored, View};
 
@@ -110,13 +111,6 @@ pub fn negotiate(headers: &HeaderMap, kind: Kind) -> Result<Format, StatusError>
     ))
 }
 
-/// The metadata-only form of an object.
-pub fn partial_metadata(stored: &Stored) -> Value {
-    let mut meta = serde_json::to_value(stored.object.meta()).unwrap_or_default();
-    meta["resourceVersion"] = stored.resource_version.to_string().into();
-    json!({ "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta })
-}
-
 /// True when an object passes the namespace, label and field filters of a request.
 pub fn selected(stored: &Stored, namespace: Option<&str>, q: &Query) -> bool {
     let meta = stored.object.meta();
@@ -205,15 +199,12 @@ pub fn list(
     }
     if format.encoding == Encoding::Protobuf {
         let body = match format.render {
-            Render::Metadata => {
-                let metas: Vec<Vec<u8>> = items.iter().map(|s| metadata_item(s)).collect();
-                protobuf::list(
-                    "meta.k8s.io/v1",
-                    "PartialObjectMetadataList",
-                    &list_meta,
-                    metas.iter().map(Vec::as_slice),
-                )
-            }
+            Render::Metadata => protobuf::list(
+                metadata::API_VERSION,
+                metadata::LIST_KIND,
+                &list_meta,
+                items.iter().map(|s| s.metadata().protobuf().item()),
+            ),
             // Negotiation gives protobuf objects only for kinds that have a form.
             _ => protobuf::list(
                 &def.api_version(),
@@ -235,44 +226,45 @@ pub fn list(
         meta["remainingItemCount"] = n.into();
     }
     let body: Vec<u8> = match format.render {
-        Render::Full => {
-            let size: usize = items.iter().map(|s| s.json.len() + 1).sum();
-            let mut b = Vec::with_capacity(size + 256);
-            write!(
-                b,
-                r#"{{"kind":"{}","apiVersion":"{}","metadata":{meta},"items":["#,
-                def.list_kind(),
-                def.api_version()
-            )
-            .map_err(internal)?;
-            for (i, s) in items.iter().enumerate() {
-                if i > 0 {
-                    b.push(b',');
-                }
-                b.extend_from_slice(&s.json);
-            }
-            b.extend_from_slice(b"]}");
-            b
-        }
-        Render::Metadata => serde_json::to_vec(&json!({
-            "kind": "PartialObjectMetadataList",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": meta,
-            "items": items.iter().map(|s| partial_metadata(s)).collect::<Vec<_>>(),
-        }))
-        .map_err(internal)?,
+        Render::Full => json_list(
+            &def.list_kind(),
+            &def.api_version(),
+            &meta,
+            items.iter().map(|s| &s.json[..]),
+        ),
+        Render::Metadata => json_list(
+            metadata::LIST_KIND,
+            metadata::API_VERSION,
+            &meta,
+            items.iter().map(|s| s.metadata().json()),
+        ),
         Render::Table => serde_json::to_vec(&table(def, &items, meta)).map_err(internal)?,
     };
     Ok(json_response(StatusCode::OK, body))
 }
 
-/// The protobuf message of an object's `PartialObjectMetadata`.
-pub fn metadata_item(stored: &Stored) -> Vec<u8> {
-    let rv = stored.resource_version.to_string();
-    protobuf::metadata_only(protobuf::convert::object_meta(
-        stored.object.meta(),
-        Some(&rv),
-    ))
+/// A JSON list of `items`, each already encoded.
+fn json_list<'a>(
+    list_kind: &str,
+    api_version: &str,
+    meta: &Value,
+    items: impl Iterator<Item = &'a [u8]> + Clone,
+) -> Vec<u8> {
+    let size: usize = items.clone().map(|i| i.len() + 1).sum();
+    let mut b = Vec::with_capacity(size + 256);
+    // Writing into a `Vec` has no failure case.
+    let _ = write!(
+        b,
+        r#"{{"kind":"{list_kind}","apiVersion":"{api_version}","metadata":{meta},"items":["#
+    );
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.extend_from_slice(item);
+    }
+    b.extend_from_slice(b"]}");
+    b
 }
 
 /// The page size a list is served with, if it is paginated (see [`list`]). A `continue` comes
@@ -375,17 +367,13 @@ pub fn get(
     if format.encoding == Encoding::Protobuf {
         let body = match stored.protobuf() {
             Some(forms) if format.render == Render::Full => forms.envelope().to_vec(),
-            _ => protobuf::envelope(
-                "meta.k8s.io/v1",
-                "PartialObjectMetadata",
-                &metadata_item(stored),
-            ),
+            _ => stored.metadata().protobuf().envelope().to_vec(),
         };
         return Ok(response(StatusCode::OK, body, protobuf::MEDIA_TYPE));
     }
     let body = match format.render {
         Render::Full => stored.json.to_vec(),
-        Render::Metadata => serde_json::to_vec(&partial_metadata(stored)).map_err(internal)?,
+        Render::Metadata => stored.metadata().json().to_vec(),
         Render::Table => {
             let meta = json!({ "resourceVersion": resource_version.to_string() });
             serde_json::to_vec(&table(def, &[stored], meta)).map_err(internal)?
@@ -419,7 +407,8 @@ fn table(def: &ResourceDef, items: &[&Arc<Stored>], meta: Value) -> Value {
         .iter()
         .map(|s| {
             let o: Value = serde_json::from_slice(&s.json).unwrap_or_default();
-            json!({ "cells": table_cells(def.kind, &o, now), "object": partial_metadata(s) })
+            let object = partial_metadata(s.object.meta(), s.resource_version);
+            json!({ "cells": table_cells(def.kind, &o, now), "object": object })
         })
         .collect();
     json!({

@@ -2,8 +2,9 @@
 //! scratch, resumption from the view's history, streaming lists (`sendInitialEvents`), bookmarks,
 //! selector-driven ADDED/DELETED, a bounded lifetime, and a bounded backlog per watcher.
 //!
-//! Live events reuse the frame the view encoded once; only frames that differ per watcher
-//! (synthetic ADDED, selector transitions, metadata-only renderings) are built here. A watcher
+//! Live events reuse the frame the view encoded once (JSON with the event; protobuf and
+//! metadata-only forms the first time a watcher asks); only frames whose event type differs
+//! from the state's own (synthetic ADDED, selector transitions) are built per watcher. A watcher
 //! whose backlog overflows (it reads slower than the link publishes) is closed: the client
 //! resumes from its last version, or relists on 410. When the view lets its watchers go
 //! (`View::disconnect`) while the API drains (`Api::drain_watches`, Floodgate's shutdown), each
@@ -23,11 +24,12 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::{Instant, sleep_until};
 
-use super::list::{Encoding, Format, Render, metadata_item, partial_metadata, selected};
+use super::list::{Encoding, Format, Render, selected};
 use super::query::{Query, parse_rv};
 use super::resource::ResourceDef;
 use super::status::StatusError;
 use crate::protobuf;
+use crate::view::metadata;
 use crate::view::{Event, EventType, ResumeError, Stored, View, frame};
 
 /// How often an idle watch with bookmarks gets one (the API server: about every minute).
@@ -253,50 +255,40 @@ impl Watcher {
             (k, _) if now_in => k,
             _ => return None,
         };
-        if kind == ev.kind && self.format.render == Render::Full {
-            // The common case: the frame the view encoded once.
-            match self.format.encoding {
-                Encoding::Json => return Some(ev.frame.clone()),
-                Encoding::Protobuf => {
-                    if let Some(forms) = ev.object.protobuf().filter(|_| ev.object.event == kind) {
-                        return Some(forms.frame());
-                    }
-                }
-            }
+        if kind == ev.kind && self.format == Format::JSON {
+            // The common case: the frame the view encoded with the event.
+            return Some(ev.frame.clone());
         }
         Some(self.object_frame(kind, &ev.object))
     }
 
+    /// The frame of a `kind` event for `s`: its own event's, shared, when `kind` is that
+    /// event's; otherwise built here.
     fn object_frame(&self, kind: EventType, s: &Stored) -> Bytes {
+        let own = kind == s.event;
         match (self.format.encoding, self.format.render) {
             (Encoding::Json, Render::Full) => frame(kind.as_str(), &s.json),
-            (Encoding::Json, Render::Metadata | Render::Table) => {
-                let meta = serde_json::to_vec(&partial_metadata(s)).unwrap_or_default();
-                frame(kind.as_str(), &meta)
-            }
-            (Encoding::Protobuf, render) => match s.protobuf() {
-                Some(forms) if render == Render::Full => {
-                    protobuf::watch_frame(kind.as_str(), forms.envelope())
-                }
-                _ => protobuf::watch_frame(
-                    kind.as_str(),
-                    &protobuf::envelope(
-                        "meta.k8s.io/v1",
-                        "PartialObjectMetadata",
-                        &metadata_item(s),
-                    ),
-                ),
+            (Encoding::Json, Render::Metadata | Render::Table) => match own {
+                true => s.metadata().json_frame(),
+                false => frame(kind.as_str(), s.metadata().json()),
             },
+            (Encoding::Protobuf, render) => {
+                let forms = match s.protobuf() {
+                    Some(forms) if render == Render::Full => forms,
+                    _ => s.metadata().protobuf(),
+                };
+                match own {
+                    true => forms.frame(),
+                    false => protobuf::watch_frame(kind.as_str(), forms.envelope()),
+                }
+            }
         }
     }
 
     fn bookmark(&self, initial_events_end: bool) -> Bytes {
         let (kind, api_version) = match self.format.render {
             Render::Full => (self.def.kind.name().to_owned(), self.def.api_version()),
-            _ => (
-                "PartialObjectMetadata".to_owned(),
-                "meta.k8s.io/v1".to_owned(),
-            ),
+            _ => (metadata::KIND.to_owned(), metadata::API_VERSION.to_owned()),
         };
         if self.format.encoding == Encoding::Protobuf {
             let meta = k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta {

@@ -222,7 +222,7 @@ fn a_trimmed_pod_keeps_every_kept_field_in_protobuf() {
 #[test]
 fn the_three_forms_share_one_buffer_and_nest() {
     let bytes = item(&service(), 42).expect("a form");
-    let forms = Forms::new(Kind::Service, &bytes, "MODIFIED");
+    let forms = Forms::new("v1", "Service", &bytes, "MODIFIED");
     assert_eq!(forms.item(), bytes.as_slice());
     assert_eq!(open_item(forms.envelope(), "v1", "Service"), bytes);
     let events = read_watch(&forms.frame()).expect("one frame");

@@ -219,6 +219,40 @@ fn a_frame_holds_no_growth_room() {
     assert_eq!(held, len, "the frame is held without its growth room");
 }
 
+#[test]
+fn metadata_and_protobuf_forms_are_encoded_once_and_shared() {
+    use prost::Message as _;
+    let (stored, _) = Stored::framed(mk_service("a", "1"), 7, EventType::Modified);
+    let m = stored.metadata();
+    assert!(
+        std::ptr::eq(m, stored.metadata()),
+        "kept, not encoded again"
+    );
+    let frame = m.json_frame();
+    assert_eq!(
+        frame.as_ptr(),
+        m.json_frame().as_ptr(),
+        "every watcher shares one frame"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&frame).expect("a JSON line");
+    assert_eq!(v["type"], "MODIFIED", "the state's own event");
+    assert_eq!(v["object"]["kind"], "PartialObjectMetadata");
+    assert_eq!(v["object"]["metadata"]["resourceVersion"], "7");
+    assert!(v["object"].get("spec").is_none());
+    let pb = crate::protobuf::read_watch(&m.protobuf().frame()).expect("a frame");
+    assert_eq!(pb[0].r#type.as_deref(), Some("MODIFIED"));
+    let item = k8s_pb::apimachinery::pkg::apis::meta::v1::PartialObjectMetadata::decode(
+        m.protobuf().item(),
+    )
+    .expect("metadata");
+    assert_eq!(
+        item.metadata.and_then(|m| m.resource_version).as_deref(),
+        Some("7")
+    );
+    let forms = stored.protobuf().expect("a service has one");
+    assert!(std::ptr::eq(forms, stored.protobuf().expect("kept")));
+}
+
 #[tokio::test(start_paused = true)]
 async fn history_older_than_the_cutoff_is_forgotten() {
     let view = View::new(5, 100);
