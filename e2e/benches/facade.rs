@@ -1,13 +1,17 @@
 //! The facade's serving figures, against kube-sim running as its own process (so its memory
 //! and CPU are measured from /proc, apart from the clients'):
 //!
-//! - LIST of 10,000 EndpointSlices of 10 endpoints, warm, over TLS;
+//! - LIST of 10,000 EndpointSlices of 10 endpoints, warm, over TLS, in JSON and in protobuf: time,
+//!   bytes, and what decoding the same list costs a consumer (in Rust: serde into k8s-openapi
+//!   types, prost into k8s-pb types; a Go-free proxy for client-go's decode);
 //! - initial sync of the same through a streaming list, to a kube-rs watcher;
-//! - 1,000 watchers on one object: memory per idle watcher, and for each update the time until
-//!   every watcher has it and the server CPU per delivered event.
+//! - 100, 1,000 and 5,000 watchers on one object, each on its own TLS connection, in JSON and in
+//!   protobuf: memory per idle watcher, and for each update the time from the PATCH to the
+//!   last watcher, the spread from the first watcher to the last, and the server CPU per
+//!   delivered event.
 //!
-//! Prints the figures with the design's targets and writes
-//! `target/floodgate-bench/facade.json`. Run with `make bench`.
+//! Prints the figures with the targets and writes `target/floodgate-bench/facade.json`.
+//! Run with `make bench`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -20,8 +24,10 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 
 const SLICES: usize = 10_000;
-const WATCHERS: usize = 1_000;
-const UPDATES: usize = 30;
+const WATCHER_COUNTS: [usize; 3] = [100, 1_000, 5_000];
+const UPDATES: usize = 20;
+const JSON: &str = "application/json";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
 
 struct Sim {
     child: Child,
@@ -93,15 +99,187 @@ async fn client(kubeconfig: &std::path::Path) -> Client {
     Client::try_from(cfg).expect("client")
 }
 
-async fn raw_get(c: &Client, path: &str) -> (Duration, usize) {
-    let req = http::Request::get(path).body(Vec::new()).expect("request");
+async fn raw_get(c: &Client, path: &str, accept: &str) -> (Duration, bytes::Bytes) {
+    let req = http::Request::get(path)
+        .header("accept", accept)
+        .body(Vec::new())
+        .expect("request");
     let t = Instant::now();
     let resp = c
         .send(req.map(kube::client::Body::from))
         .await
         .expect("response");
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (t.elapsed(), bytes.len())
+    (t.elapsed(), bytes)
+}
+
+/// Counts the frames in a watch body as it arrives: newlines for JSON, length prefixes for
+/// protobuf (without decoding: the client's own cost is not what is measured).
+#[derive(Default)]
+struct FrameCounter {
+    protobuf: bool,
+    /// Protobuf: bytes of the current frame still to skip, and the partial length prefix.
+    skip: usize,
+    prefix: Vec<u8>,
+}
+
+impl FrameCounter {
+    fn feed(&mut self, mut chunk: &[u8]) -> usize {
+        if !self.protobuf {
+            return chunk.iter().filter(|b| **b == b'\n').count();
+        }
+        let mut frames = 0;
+        while !chunk.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(chunk.len());
+                self.skip -= n;
+                chunk = &chunk[n..];
+                if self.skip == 0 {
+                    frames += 1;
+                }
+                continue;
+            }
+            let need = 4 - self.prefix.len();
+            let n = need.min(chunk.len());
+            self.prefix.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if let Ok(len) = <[u8; 4]>::try_from(self.prefix.as_slice()) {
+                self.skip = u32::from_be_bytes(len) as usize;
+                self.prefix.clear();
+                if self.skip == 0 {
+                    frames += 1;
+                }
+            }
+        }
+        frames
+    }
+}
+
+/// A kube-sim whose store is filled (its LIST reports every slice), and a client of it.
+async fn filled_sim(dir: &std::path::Path) -> (Sim, Client) {
+    let sim = start_sim(dir);
+    let c = client(&sim.kubeconfig).await;
+    loop {
+        let (_, body) = raw_get(&c, "/apis/discovery.k8s.io/v1/endpointslices", JSON).await;
+        if body.len() > SLICES * 1000 {
+            return (sim, c);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What one fan-out run measured.
+struct Fanout {
+    watchers: usize,
+    encoding: &'static str,
+    rss_kib_per_watcher: f64,
+    latency_p50: Duration,
+    latency_p99: Duration,
+    spread_p50: Duration,
+    cpu_us_per_event: f64,
+}
+
+/// `watchers` watchers of one slice, each on its own connection, then UPDATES updates.
+async fn fanout(
+    sim: &Sim,
+    c: &Client,
+    watchers: usize,
+    encoding: &'static str,
+    round: usize,
+) -> Fanout {
+    let pid = sim.child.id();
+    let accept = if encoding == "protobuf" {
+        PROTOBUF
+    } else {
+        JSON
+    };
+    let rss_before = rss_kib(pid);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Instant)>(watchers * (UPDATES + 2));
+    let mut tasks = Vec::new();
+    for i in 0..watchers {
+        let c = client(&sim.kubeconfig).await;
+        let tx = tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let path = "/apis/discovery.k8s.io/v1/namespaces/prod/endpointslices?watch=true&fieldSelector=metadata.name%3Dbench-00000&timeoutSeconds=600";
+            let req = http::Request::get(path)
+                .header("accept", accept)
+                .body(Vec::new())
+                .expect("request");
+            let resp = c.send(req.map(kube::client::Body::from)).await.expect("watch");
+            let mut counter = FrameCounter {
+                protobuf: resp
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/vnd.kubernetes.protobuf")),
+                ..Default::default()
+            };
+            assert_eq!(counter.protobuf, encoding == "protobuf", "the encoding asked for");
+            let mut body = resp.into_body().into_data_stream();
+            while let Some(Ok(chunk)) = body.next().await {
+                for _ in 0..counter.feed(&chunk) {
+                    if tx.send((i, Instant::now())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    // Every watcher first gets the synthetic ADDED.
+    for _ in 0..watchers {
+        rx.recv().await.expect("initial frame");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after = rss_kib(pid);
+    let rss_kib_per_watcher = rss_after.saturating_sub(rss_before) as f64 / watchers as f64;
+
+    let api: Api<EndpointSlice> = Api::namespaced(c.clone(), "prod");
+    let (mut latencies, mut spreads) = (Vec::new(), Vec::new());
+    let cpu_before = cpu_time(pid);
+    for u in 0..UPDATES {
+        let patch = serde_json::json!({ "metadata": { "annotations": {
+            "bench/update": format!("{round}-{u}") } } });
+        let t = Instant::now();
+        api.patch(
+            "bench-00000",
+            &Default::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("patch");
+        let (mut first, mut last) = (None, t);
+        for _ in 0..watchers {
+            let (_, at) = rx.recv().await.expect("update frame");
+            first = Some(first.map_or(at, |f: Instant| f.min(at)));
+            last = last.max(at);
+        }
+        latencies.push(last - t);
+        spreads.push(last - first.unwrap_or(last));
+    }
+    let cpu = cpu_time(pid) - cpu_before;
+    for t in tasks {
+        t.abort();
+    }
+    Fanout {
+        watchers,
+        encoding,
+        rss_kib_per_watcher,
+        latency_p50: percentile(&mut latencies, 0.5),
+        latency_p99: percentile(&mut latencies, 0.99),
+        spread_p50: percentile(&mut spreads, 0.5),
+        cpu_us_per_event: cpu.as_secs_f64() * 1e6 / (watchers * UPDATES) as f64,
+    }
+}
+
+/// The median time of `f` over `runs` runs.
+fn median_of(runs: usize, mut f: impl FnMut()) -> Duration {
+    let mut t: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let at = Instant::now();
+            f();
+            at.elapsed()
+        })
+        .collect();
+    percentile(&mut t, 0.5)
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -121,34 +299,62 @@ async fn main() {
     }
     let out_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/floodgate-bench");
     std::fs::create_dir_all(&out_dir).expect("report dir");
-    let sim = start_sim(&out_dir);
-    let pid = sim.child.id();
-    let c = client(&sim.kubeconfig).await;
-
-    // Wait for the store to be filled (the LIST reports every slice).
+    // 5,000 watchers are 5,000 connections on each side; kube-sim inherits the limit.
+    rlimit::increase_nofile_limit(30_000).expect("raise RLIMIT_NOFILE");
+    let (sim, c) = filled_sim(&out_dir).await;
     let list_path = "/apis/discovery.k8s.io/v1/endpointslices";
-    loop {
-        let (_, size) = raw_get(&c, list_path).await;
-        if size > SLICES * 1000 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
-    // LIST, warm.
-    let mut lists = Vec::new();
-    let mut list_bytes = 0;
-    for _ in 0..12 {
-        let (t, size) = raw_get(&c, list_path).await;
-        lists.push(t);
-        list_bytes = size;
+    // LIST, warm, in both encodings.
+    let mut list_figures = serde_json::Map::new();
+    let mut bodies = Vec::new();
+    for (name, accept) in [("json", JSON), ("protobuf", PROTOBUF)] {
+        let mut lists = Vec::new();
+        let mut body = bytes::Bytes::new();
+        for _ in 0..12 {
+            let (t, b) = raw_get(&c, list_path, accept).await;
+            lists.push(t);
+            body = b;
+        }
+        let p50 = percentile(&mut lists[2..], 0.5);
+        println!(
+            "LIST {SLICES} EndpointSlices as {name} ({:.1} MB) over TLS: median {:.1} ms, best {:.1} ms (target <= 30 ms)",
+            body.len() as f64 / 1e6,
+            ms(p50),
+            ms(lists[2..].iter().copied().min().unwrap_or_default())
+        );
+        list_figures.insert(
+            name.into(),
+            serde_json::json!({ "bytes": body.len(), "median_ms": ms(p50), "target_ms": 30 }),
+        );
+        bodies.push(body);
     }
-    let list_p50 = percentile(&mut lists[2..], 0.5);
+    let (json_body, pb_body) = (&bodies[0], &bodies[1]);
+    // What the same list costs a consumer to decode.
+    let json_decode = median_of(5, || {
+        let l: k8s_openapi::List<EndpointSlice> =
+            serde_json::from_slice(json_body).expect("a JSON list");
+        assert_eq!(l.items.len(), SLICES);
+    });
+    let pb_decode = median_of(5, || {
+        use prost::Message as _;
+        let raw = floodgate::protobuf::open(pb_body)
+            .expect("an envelope")
+            .raw
+            .unwrap_or_default();
+        let l = k8s_pb::api::discovery::v1::EndpointSliceList::decode(raw.as_slice())
+            .expect("a protobuf list");
+        assert_eq!(l.items.len(), SLICES);
+    });
     println!(
-        "LIST {SLICES} EndpointSlices ({:.1} MB JSON) over TLS: median {:.1} ms, best {:.1} ms (target <= 100 ms)",
-        list_bytes as f64 / 1e6,
-        ms(list_p50),
-        ms(lists[2..].iter().copied().min().unwrap_or_default())
+        "decoding that list in the consumer (Rust): JSON {:.1} ms, protobuf {:.1} ms ({:.1}x); bytes {:.2}x smaller",
+        ms(json_decode),
+        ms(pb_decode),
+        json_decode.as_secs_f64() / pb_decode.as_secs_f64().max(1e-9),
+        json_body.len() as f64 / pb_body.len().max(1) as f64
+    );
+    list_figures.insert(
+        "consumer_decode_ms".into(),
+        serde_json::json!({ "json": ms(json_decode), "protobuf": ms(pb_decode) }),
     );
 
     // Initial sync through a streaming list, to a kube-rs watcher.
@@ -174,85 +380,45 @@ async fn main() {
         ms(sync_p50)
     );
 
-    // 1,000 watchers of one slice, each on its own connection.
-    let rss_before = rss_kib(pid);
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Instant)>(WATCHERS * (UPDATES + 2));
-    let mut tasks = Vec::new();
-    for i in 0..WATCHERS {
-        let c = client(&sim.kubeconfig).await;
-        let tx = tx.clone();
-        tasks.push(tokio::spawn(async move {
-            let path = "/apis/discovery.k8s.io/v1/namespaces/prod/endpointslices?watch=true&fieldSelector=metadata.name%3Dbench-00000&timeoutSeconds=600";
-            let req = http::Request::get(path).body(Vec::new()).expect("request");
-            let resp = c.send(req.map(kube::client::Body::from)).await.expect("watch");
-            let mut body = resp.into_body().into_data_stream();
-            // Count frames without decoding them: the client's own cost is not what we measure.
-            while let Some(Ok(chunk)) = body.next().await {
-                for _ in chunk.iter().filter(|b| **b == b'\n') {
-                    if tx.send((i, Instant::now())).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }));
-    }
-    // Every watcher first gets the synthetic ADDED.
-    for _ in 0..WATCHERS {
-        rx.recv().await.expect("initial frame");
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_after = rss_kib(pid);
-    let per_watcher_kib = (rss_after.saturating_sub(rss_before)) as f64 / WATCHERS as f64;
-    println!(
-        "{WATCHERS} idle watchers: server RSS {} -> {} KiB, {per_watcher_kib:.1} KiB per watcher (target <= 16 KiB)",
-        rss_before, rss_after
-    );
-
-    let api: Api<EndpointSlice> = Api::namespaced(c.clone(), "prod");
-    let mut latencies = Vec::new();
-    let cpu_before = cpu_time(pid);
-    for u in 0..UPDATES {
-        let patch =
-            serde_json::json!({ "metadata": { "annotations": { "bench/update": u.to_string() } } });
-        let t = Instant::now();
-        api.patch(
-            "bench-00000",
-            &Default::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("patch");
-        let mut last = t;
-        for _ in 0..WATCHERS {
-            let (_, at) = rx.recv().await.expect("update frame");
-            last = last.max(at);
+    drop((c, sim));
+    // 100, 1,000 and 5,000 watchers of one slice, JSON and protobuf.
+    let mut runs = Vec::new();
+    for (round, &n) in WATCHER_COUNTS.iter().enumerate() {
+        for encoding in ["json", "protobuf"] {
+            // Each run in a kube-sim of its own: memory an earlier run freed would otherwise
+            // hide what this one's watchers cost.
+            let (sim, c) = filled_sim(&out_dir).await;
+            let f = fanout(&sim, &c, n, encoding, round).await;
+            drop(sim);
+            println!(
+                "{n} watchers, {encoding}: {:.1} KiB per idle watcher (target <= 8 KiB); PATCH to last watcher median {:.1} ms, p99 {:.1} ms; first to last watcher median {:.1} ms (target <= 8 ms); server CPU {:.1} us per delivered event (target <= 8 us; includes the PATCH)",
+                f.rss_kib_per_watcher,
+                ms(f.latency_p50),
+                ms(f.latency_p99),
+                ms(f.spread_p50),
+                f.cpu_us_per_event
+            );
+            runs.push(f);
         }
-        latencies.push(last - t);
-    }
-    let cpu = cpu_time(pid) - cpu_before;
-    let per_event_us = cpu.as_secs_f64() * 1e6 / (WATCHERS * UPDATES) as f64;
-    let lat_p50 = percentile(&mut latencies, 0.5);
-    let lat_p99 = percentile(&mut latencies, 0.99);
-    println!(
-        "fan-out of one update to {WATCHERS} watchers: all reached in median {:.1} ms, p99 {:.1} ms (target <= 10 ms); server CPU {:.1} us per delivered event (target <= 5 us; includes the PATCH)",
-        ms(lat_p50),
-        ms(lat_p99),
-        per_event_us
-    );
-    for t in tasks {
-        t.abort();
     }
 
+    let fanouts: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|f| {
+            serde_json::json!({
+                "watchers": f.watchers, "encoding": f.encoding, "updates": UPDATES,
+                "latency_median_ms": ms(f.latency_p50), "latency_p99_ms": ms(f.latency_p99),
+                "spread_median_ms": ms(f.spread_p50), "spread_target_ms": 8,
+                "server_cpu_us_per_event": f.cpu_us_per_event, "cpu_target_us": 8,
+                "server_rss_kib_per_idle_watcher": f.rss_kib_per_watcher, "rss_target_kib": 8,
+            })
+        })
+        .collect();
     let report = serde_json::json!({
         "machine": { "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0) },
-        "list": { "slices": SLICES, "bytes": list_bytes, "median_ms": ms(list_p50), "target_ms": 100 },
+        "list": { "slices": SLICES, "encodings": list_figures },
         "initial_sync": { "slices": SLICES, "median_ms": ms(sync_p50), "target_ms": 500 },
-        "fanout": {
-            "watchers": WATCHERS, "updates": UPDATES,
-            "latency_median_ms": ms(lat_p50), "latency_p99_ms": ms(lat_p99), "target_ms": 10,
-            "server_cpu_us_per_event": per_event_us, "target_us": 5,
-            "server_rss_kib_per_idle_watcher": per_watcher_kib, "target_kib": 16,
-        },
+        "fanout": fanouts,
     });
     let path = out_dir.join("facade.json");
     std::fs::write(
