@@ -391,6 +391,7 @@ async fn reconcile_all(
     shutdown: &watch::Receiver<bool>,
 ) {
     let mut seen = BTreeSet::new();
+    let mut starts: Vec<(DesiredLink, &Arc<Link>)> = Vec::new();
     for link in links {
         let name = link.name_any();
         seen.insert(name.clone());
@@ -447,14 +448,23 @@ async fn reconcile_all(
             }
             Action::Start(d) | Action::Restart(d) => {
                 stop(&name, running, facade);
-                let recorded = link.status.as_ref().and_then(|s| s.quarantine.as_ref());
-                let seed = match (&shared.peers, recorded) {
-                    (Some(p), Some(q)) => peers::last_good_view(p, &name, &d.token, q).await,
-                    _ => None,
-                };
-                start(d, link, seed, running, facade, shared, shutdown);
+                starts.push((d, link));
             }
         }
+    }
+    // A link that starts under a recorded quarantine takes its last good view from a peer.
+    // The lookups run together, so a pass waits one PEER_TIMEOUT at most, however many
+    // quarantined links start in it.
+    let seeds = futures_util::future::join_all(starts.iter().map(|(d, link)| async move {
+        let recorded = link.status.as_ref().and_then(|s| s.quarantine.as_ref());
+        match (&shared.peers, recorded) {
+            (Some(p), Some(q)) => peers::last_good_view(p, &d.name, &d.token, q).await,
+            _ => None,
+        }
+    }))
+    .await;
+    for ((d, link), seed) in starts.into_iter().zip(seeds) {
+        start(d, link, seed, running, facade, shared, shutdown);
     }
     let gone: Vec<String> = running
         .keys()
