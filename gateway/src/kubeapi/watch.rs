@@ -1,6 +1,7 @@
-//! WATCH: the event stream (newline-delimited JSON, or length-delimited protobuf frames), with synthetic ADDED for a start from
-//! scratch, resumption from the view's history, streaming lists (`sendInitialEvents`), bookmarks,
-//! selector-driven ADDED/DELETED, a bounded lifetime, and a bounded backlog per watcher.
+//! WATCH: the event stream (newline-delimited JSON, or length-delimited protobuf frames), with
+//! synthetic ADDED for a start from scratch, resumption from the view's history, streaming
+//! lists (`sendInitialEvents`), bookmarks, selector-driven ADDED/DELETED, a bounded lifetime,
+//! and a bounded backlog per watcher.
 //!
 //! Live events reuse the frame the view encoded once (JSON with the event; protobuf and
 //! metadata-only forms the first time a watcher asks); only frames whose event type differs
@@ -174,7 +175,7 @@ impl Watcher {
     }
 
     fn into_response(self, replay: Vec<Bytes>) -> Response {
-        let self_encoding = self.format.encoding;
+        let encoding = self.format.encoding;
         let replay: VecDeque<Bytes> = replay.into();
         let body = stream::unfold((self, replay), |(mut w, mut replay)| async move {
             if let Some(b) = replay.pop_front() {
@@ -183,7 +184,7 @@ impl Watcher {
             let next = w.next_frame().await?;
             Some((Ok(next), (w, replay)))
         });
-        streaming_response(Body::from_stream(body), self_encoding)
+        streaming_response(Body::from_stream(body), encoding)
     }
 
     /// The next frame to write, or `None` to end the stream.
