@@ -14,6 +14,10 @@ BUILD := $(CARGO) build --locked --workspace
 # The demo's binaries. CI adds `--tests` to reuse the test build's features as they are.
 DEMO_TARGETS ?= --bins
 DEMO_DIR := $(TARGET_DIR)/$(if $(filter dev,$(DEMO_PROFILE)),debug,$(DEMO_PROFILE))
+# The same for `make image`: the profile its binary is built with, and what that build names.
+IMAGE_PROFILE ?= release
+IMAGE_TARGETS ?= --bins
+IMAGE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 
 .PHONY: demo test e2e bench crds lint build prereqs image image-test
 
@@ -43,13 +47,14 @@ test: prereqs $(PY_VENV)/bin/python
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
 
-## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]), then a
-## longer fuzz pass (20,000 proptest cases per fuzz test).
+## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]), a longer
+## fuzz pass (20,000 proptest cases per fuzz test), then the release image in podman.
 e2e:
 	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass
 	PROPTEST_CASES=20000 $(CARGO) nextest run --workspace --locked --no-fail-fast \
 		-E '(package(floodgate) | package(floodgate-link-crd)) & test(/fuzz/)'
+	$(MAKE) image-test
 
 ## bench: criterion benchmarks (the engine, upstream decoding, the facade), then the scenario
 ## benchmarks S1 and S2 side by side; writes target/floodgate-bench/report.json and report.md.
@@ -72,12 +77,13 @@ build:
 
 ## image: Floodgate's image, built offline from the release binary with buildah, into
 ## target/image/floodgate.oci.tar, tagged ghcr.io/floodgate-dev/floodgate:0.1.0 (manifests/).
+## CI builds it from the test build instead (IMAGE_PROFILE=dev IMAGE_TARGETS="--bins --tests").
 image:
-	$(CARGO) build --release --locked -p floodgate --bin floodgate
-	.ci/image
+	$(BUILD) -q --profile $(IMAGE_PROFILE) $(IMAGE_TARGETS)
+	FLOODGATE_BIN=$(IMAGE_DIR)/floodgate .ci/image
 
 ## image-test: `make image`'s archive in podman on the host network, as `floodgate run` in front
-## of kube-sim: 200 from /livez and from a LIST through the facade.
+## of kube-sim: 200 from /livez and a ServiceList through the facade.
 image-test: image
-	$(CARGO) build --locked -p floodgate-e2e --bin kube-sim
-	.ci/image-test
+	$(BUILD) -q --bins --tests
+	KUBE_SIM_BIN=$(TARGET_DIR)/debug/kube-sim .ci/image-test
