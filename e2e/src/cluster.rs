@@ -39,7 +39,6 @@ pub fn fast() -> Timing {
             duration: Duration::from_secs(2),
             renew: Duration::from_millis(200),
         },
-        resync: Duration::from_millis(500),
         status_tick: Duration::from_millis(100),
         status_interval: Duration::from_millis(500),
     }
@@ -190,29 +189,37 @@ pub fn mk_link(name: &str) -> Link {
 
 /// Creates link `name`'s Secrets (remote credentials, consumers' token) and the Link.
 pub async fn add_link(local: &RunningLocal, name: &str, sim: &RunningSim, link: Link) {
-    let client = local.client(NS).expect("client");
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
-    let pp = PostParams::default();
-    secrets
-        .create(
-            &pp,
-            &mk_secret(
-                &format!("{name}-credentials"),
-                "kubeconfig",
-                &sim.kubeconfig(),
-            ),
-        )
+    add_credentials(local, name, sim).await;
+    add_token(local, name).await;
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links
+        .create(&PostParams::default(), &link)
         .await
-        .expect("credentials");
+        .expect("link");
+}
+
+/// Creates Secret `<name>-credentials`: `sim`'s kubeconfig, as [`mk_link`] names it.
+pub async fn add_credentials(local: &RunningLocal, name: &str, sim: &RunningSim) {
+    let secret = mk_secret(
+        &format!("{name}-credentials"),
+        "kubeconfig",
+        &sim.kubeconfig(),
+    );
+    create_secret(local, &secret).await;
+}
+
+/// Creates Secret `floodgate-token-<name>`, the consumers' token of link `name`.
+pub async fn add_token(local: &RunningLocal, name: &str) {
+    let secret = mk_secret(&format!("floodgate-token-{name}"), "token", &token(name));
+    create_secret(local, &secret).await;
+}
+
+async fn create_secret(local: &RunningLocal, secret: &Secret) {
+    let secrets: Api<Secret> = Api::namespaced(local.client(NS).expect("client"), NS);
     secrets
-        .create(
-            &pp,
-            &mk_secret(&format!("floodgate-token-{name}"), "token", &token(name)),
-        )
+        .create(&PostParams::default(), secret)
         .await
-        .expect("token");
-    let links: Api<Link> = Api::namespaced(client, NS);
-    links.create(&pp, &link).await.expect("link");
+        .expect("secret");
 }
 
 /// The consumers' token of link `name`.

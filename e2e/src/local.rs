@@ -222,7 +222,7 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    store.count_request();
+    store.count_request(method.as_str(), uri.path());
     match serve(&store, &method, &uri, &headers, &body) {
         Ok(r) => r,
         Err(e) => e.into_response(),

@@ -306,3 +306,44 @@ async fn new_credentials_swap_the_upstream_and_keep_the_view() {
     );
     replica.stop().await;
 }
+
+/// The controller reads Secrets from its watch, never by name: a Link whose token Secret does
+/// not exist yet is blocked (TokenNotFound), and creating the Secret starts it, with no GET of
+/// either Secret at any point (the loop before kube-runtime's Controller fetched every Secret
+/// every 30 s).
+#[tokio::test]
+async fn a_secret_that_appears_starts_its_link_from_the_watch() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_credentials(&local, "east", &sim).await;
+    let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
+    links
+        .create(&PostParams::default(), &mk_link("east"))
+        .await
+        .expect("link");
+    let replica = Replica::start(&local, "replica-a").await;
+    until(30, "east is blocked on its token", async || {
+        status(&local, "east")
+            .await
+            .is_some_and(|s| condition(&s, "Ready").is_some_and(|c| c.reason == "TokenNotFound"))
+    })
+    .await;
+    add_token(&local, "east").await;
+    let consumer = replica.consumer("east", &token("east")).await;
+    until(30, "east starts and serves its remote", async || {
+        service_names(&consumer).await == Some(["web"].map(String::from).into())
+    })
+    .await;
+    until(30, "east is ready", async || {
+        ready_at(&local, "east", 1).await
+    })
+    .await;
+    // The count is real: status() above read the Link by name.
+    let link = format!("/apis/floodgate.dev/v1alpha1/namespaces/{NS}/links/east");
+    assert!(local.store.requests_to("GET", &link) > 0, "GET {link}");
+    for name in ["east-credentials", "floodgate-token-east"] {
+        let path = format!("/api/v1/namespaces/{NS}/secrets/{name}");
+        assert_eq!(local.store.requests_to("GET", &path), 0, "GET {path}");
+    }
+    replica.stop().await;
+}

@@ -1,11 +1,11 @@
 //! `floodgate controller`: links from `Link` resources in one namespace of the local cluster.
 //!
-//! Tasks: a watcher on Links (kube-rs reflector) feeding the reconcile loop; one task per
-//! running link ([`crate::link`]); the lease loop ([`lease`]); the status writer
-//! ([`writer`]); the [`crate::server`] both modes share (facade, gRPC, admin API). Each reconcile pass reads the Secrets every
-//! Link names, computes what should run ([`reconcile`]), starts, restarts or stops links, adds
-//! or removes them from the facade, and sends each link's status ([`status`]) to the writer,
-//! which writes only the links whose Lease this replica holds. Every replica serves every
+//! Tasks: kube-runtime's Controller on the Links and the Secrets they name ([`trigger`]),
+//! whose reconciles say what should run ([`reconcile`]); the loop here, which starts, restarts
+//! or stops links, adds or removes them from the facade, and each second sends each link's
+//! status ([`status`]) to the writer ([`writer`]), which writes only the links whose Lease this
+//! replica holds; one task per running link ([`crate::link`]); the lease loop ([`lease`]); the
+//! [`crate::server`] both modes share (facade, gRPC, admin API). Every replica serves every
 //! link; quarantine decisions and status are the holder's, and the other replicas follow the
 //! quarantine the holder recorded in status (which also carries it across restarts).
 //! Operators' commands reach the holder through the Link ([`crate::command`], [`commands`]):
@@ -16,10 +16,12 @@ mod follow;
 pub mod lease;
 pub mod peers;
 pub mod reconcile;
+mod runs;
 pub mod status;
+mod trigger;
 pub mod writer;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,28 +29,21 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use floodgate_link_crd::Link;
-use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{WatchStreamExt as _, reflector, watcher};
-use kube::{Api, Resource as _, ResourceExt as _};
+use kube::runtime::reflector;
+use kube::{Api, ResourceExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::link::{self, Connect, LinkHandle};
 use crate::registry::Registry;
 use crate::server::{self, Listeners, ServerConfig, Signals};
-use commands::{LinkRelay, Shared};
-use follow::{
-    decide_if_held, follow_containment, follow_quarantine, forward_deciding, record_containment,
-};
-use reconcile::{Action, Blocked, DesiredLink};
+use commands::Shared;
+use follow::{decide_if_held, follow_containment, follow_quarantine, record_containment};
+use runs::Runs;
 
-/// How often every Link is reconciled even without a change (Secrets are re-read: this is
-/// how a credentials rotation is noticed).
-const RESYNC: Duration = Duration::from_secs(30);
 /// How often statuses are computed and sent to the writer.
 const STATUS_TICK: Duration = Duration::from_secs(1);
 /// At most one status write per link per this long, transitions excepted.
@@ -98,57 +93,11 @@ pub struct ControllerArgs {
     pub peer_server_name: String,
 }
 
-/// A running link and what it was started from.
-struct Running {
-    desired: DesiredLink,
-    handle: Arc<LinkHandle>,
-    stop: watch::Sender<bool>,
-    /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
-    /// release, `None` nothing yet.
-    followed: Option<bool>,
-    /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
-    /// passes each change to the link, in order.
-    deciding: watch::Sender<bool>,
-    /// Whether this run has followed the recorded containments once (a holder does only that).
-    followed_containment: bool,
-    /// The link's service containment transitions not yet recorded as Events.
-    transitions: tokio::sync::broadcast::Receiver<crate::churn::quarantine::Transition>,
-    /// When this run started.
-    started: tokio::time::Instant,
-}
-
-impl std::fmt::Debug for Running {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Running")
-            .field("desired", &self.desired)
-            .finish_non_exhaustive()
-    }
-}
-
-/// How a link reaches its remote: the kubeconfig from its Secret.
-fn connect_from_kubeconfig(yaml: String, context: Option<String>) -> Connect {
-    Arc::new(move || {
-        let yaml = yaml.clone();
-        let context = context.clone();
-        Box::pin(async move {
-            let kc = kube::config::Kubeconfig::from_yaml(&yaml)?;
-            let opts = kube::config::KubeConfigOptions {
-                context,
-                ..Default::default()
-            };
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;
-            Ok(crate::upstream::client(cfg)?)
-        })
-    })
-}
-
 /// The controller's clocks; tests shorten them.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
     /// Lease duration and renewal.
     pub lease: lease::LeaseTiming,
-    /// Every Link is reconciled (its Secrets re-read) at least this often.
-    pub resync: Duration,
     /// Statuses are computed this often.
     pub status_tick: Duration,
     /// At most one status write per link per this long, transitions excepted.
@@ -159,7 +108,6 @@ impl Default for Timing {
     fn default() -> Self {
         Self {
             lease: lease::LeaseTiming::default(),
-            resync: RESYNC,
             status_tick: STATUS_TICK,
             status_interval: STATUS_INTERVAL,
         }
@@ -213,7 +161,7 @@ pub async fn serve(
         &args.tls_hosts,
     )?
     .context("the facade needs TLS")?;
-    let (reader, store_writer) = reflector::store::<Link>();
+    let (reader, mut found) = trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
@@ -276,81 +224,74 @@ pub async fn serve(
 
     let commands =
         commands::Commands::new(links_api.clone(), recorder.clone(), args.identity.clone());
-    let mut changes = reflector(store_writer, watcher(links_api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .boxed();
-    let mut running: HashMap<String, Running> = HashMap::new();
-    let mut blocked: HashMap<String, Blocked> = HashMap::new();
-    let mut resync = tokio::time::interval(timing.resync);
+    let (mut runs, mut seeded) = Runs::new(registry, shared, shutdown.clone());
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
-    // Link changes (our own status writes among them) mark the links dirty; they are
-    // reconciled at the next status tick, so a burst of changes costs one pass of Secret reads.
-    let mut dirty = false;
     loop {
         tokio::select! {
             _ = shutdown_rx.changed() => break,
-            ev = changes.next() => {
-                match ev {
-                    Some(Ok(_)) => dirty = true,
-                    Some(Err(e)) => tracing::warn!(error = %e, "watching Links"),
-                    None => break,
-                }
+            Some(found) = found.recv() => {
+                runs.apply(found);
+                continue;
+            }
+            Some(seeded) = seeded.recv() => {
+                runs.seeded(seeded);
                 continue;
             }
             Some(change) = phase_rx.recv() => {
                 // The holder wrote a new phase: record it as an Event on the Link.
                 let key = reflector::ObjectRef::new(&change.link).within(&ns);
                 if let Some(link) = reader.get(&key) {
-                    let note = running
+                    let note = runs
+                        .running
                         .get(&change.link)
                         .map(|r| r.handle.state.borrow().message.clone())
-                        .or_else(|| blocked.get(&change.link).map(|b| b.message.clone()));
+                        .or_else(|| runs.blocked.get(&change.link).map(|b| b.message.clone()));
                     writer::record_event(&recorder, &link, &change, note);
                 }
                 continue;
             }
-            _ = resync.tick() => dirty = true,
             _ = status_tick.tick() => {}
         }
-        // Never wait for the store here: only polling `changes` fills it, and this loop is what
-        // polls it (waiting deadlocked when a resync came before the first list).
-        let listed = futures_util::FutureExt::now_or_never(reader.wait_until_ready())
-            .is_some_and(|r| r.is_ok());
-        if dirty && listed {
-            dirty = false;
+        if futures_util::FutureExt::now_or_never(reader.wait_until_ready())
+            .is_none_or(|r| r.is_err())
+        {
+            continue;
+        }
+        let links = reader.state();
+        runs.prune(&links);
+        let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
+        wanted_tx.send_if_modified(|wanted| {
+            let changed = *wanted != names;
+            *wanted = names;
+            changed
+        });
+        if runs.settled(&links) {
             listed_tx.send_replace(true);
-            let links = reader.state();
-            wanted_tx.send_replace(links.iter().map(|l| l.name_any()).collect());
-            reconcile_all(
-                &links,
-                &secrets,
-                &mut running,
-                &mut blocked,
-                &registry,
-                &shared,
-                &shutdown,
-            )
-            .await;
         }
         // Statuses, events on transitions, and following the holder's quarantine decisions.
         let held_now = held.borrow().clone();
         let now = Time(jiff::Timestamp::now());
-        for link in reader.state() {
+        for link in links {
             let name = link.name_any();
-            let run = running.get_mut(&name);
+            if !runs.reconciled(&name) {
+                // Nothing to say of it yet: a status written now would erase what the Link
+                // records (a quarantine to honour), and a command would find no link.
+                continue;
+            }
+            let run = runs.running.get_mut(&name);
+            let blocked = runs.blocked.get(&name);
             let state = run.as_ref().map(|r| r.handle.state.borrow().clone());
             let obs = status::Observation {
                 generation: link.metadata.generation,
-                blocked: blocked.get(&name),
+                blocked,
                 state: state.as_ref(),
             };
             let next = status::next_status(link.status.as_ref(), &obs, &now);
             let holder = held_now.contains(&name);
             commands.poll(&link, holder, || match &run {
                 Some(r) => commands::Target::Running(r.handle.clone()),
-                None => commands::Target::Blocked(blocked.get(&name).map_or_else(
+                None => commands::Target::Blocked(blocked.map_or_else(
                     || "it has not started yet".to_owned(),
                     |b| b.message.clone(),
                 )),
@@ -375,169 +316,6 @@ pub async fn serve(
             });
         }
     }
-    for (_, r) in running {
-        let _ = r.stop.send(true);
-    }
+    runs.stop_all();
     Ok(())
-}
-
-async fn reconcile_all(
-    links: &[Arc<Link>],
-    secrets: &Api<Secret>,
-    running: &mut HashMap<String, Running>,
-    blocked: &mut HashMap<String, Blocked>,
-    facade: &Registry,
-    shared: &Shared,
-    shutdown: &watch::Receiver<bool>,
-) {
-    let mut seen = BTreeSet::new();
-    let mut starts: Vec<(DesiredLink, &Arc<Link>)> = Vec::new();
-    for link in links {
-        let name = link.name_any();
-        seen.insert(name.clone());
-        let get = |n: Option<String>| {
-            let secrets = secrets.clone();
-            async move {
-                match n {
-                    Some(n) => secrets.get_opt(&n).await.unwrap_or_else(|e| {
-                        tracing::warn!(secret = %n, error = %e, "cannot read a Secret");
-                        None
-                    }),
-                    None => None,
-                }
-            }
-        };
-        let creds = get(link
-            .spec
-            .remote
-            .kubeconfig_secret
-            .as_ref()
-            .map(|s| s.name.clone()))
-        .await;
-        let token = get(Some(crate::wrap::token_secret_name(&name))).await;
-        let desired = reconcile::desired(link, creds.as_ref(), token.as_ref());
-        match &desired {
-            Err(b) => {
-                if blocked.get(&name) != Some(b) {
-                    tracing::warn!(link = %name, reason = b.reason, message = %b.message, "link blocked");
-                }
-                blocked.insert(name.clone(), b.clone());
-            }
-            Ok(_) => {
-                blocked.remove(&name);
-            }
-        }
-        match reconcile::plan(running.get(&name).map(|r| &r.desired), Some(&desired)) {
-            Action::Keep => {}
-            Action::Stop => stop(&name, running, facade),
-            Action::Reconnect(d) => {
-                if let Some(r) = running.get_mut(&name) {
-                    let connect = connect_from_kubeconfig(
-                        d.kubeconfig.clone(),
-                        d.spec.remote.context.clone(),
-                    );
-                    let handle = r.handle.clone();
-                    r.desired = d;
-                    tracing::info!(link = %name, "new credentials: reconnecting the upstream");
-                    tokio::spawn(async move {
-                        if let Err(e) = handle.reconnect(connect).await {
-                            tracing::warn!(error = %e, "cannot reconnect the link");
-                        }
-                    });
-                }
-            }
-            Action::Start(d) | Action::Restart(d) => {
-                stop(&name, running, facade);
-                starts.push((d, link));
-            }
-        }
-    }
-    // A link that starts under a recorded quarantine takes its last good view from a peer.
-    // The lookups run together, so a pass waits one PEER_TIMEOUT at most, however many
-    // quarantined links start in it.
-    let seeds = futures_util::future::join_all(starts.iter().map(|(d, link)| async move {
-        let recorded = link.status.as_ref().and_then(|s| s.quarantine.as_ref());
-        match (&shared.peers, recorded) {
-            (Some(p), Some(q)) => peers::last_good_view(p, &d.name, &d.token, q).await,
-            _ => None,
-        }
-    }))
-    .await;
-    for ((d, link), seed) in starts.into_iter().zip(seeds) {
-        start(d, link, seed, running, facade, shared, shutdown);
-    }
-    let gone: Vec<String> = running
-        .keys()
-        .filter(|n| !seen.contains(*n))
-        .cloned()
-        .collect();
-    for name in gone {
-        stop(&name, running, facade);
-        blocked.remove(&name);
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn start(
-    d: DesiredLink,
-    link: &Link,
-    seed: Option<crate::churn::restore::Saved>,
-    running: &mut HashMap<String, Running>,
-    facade: &Registry,
-    shared: &Shared,
-    shutdown: &watch::Receiver<bool>,
-) {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    // The link stops on its own signal or on the process's.
-    let mut all = shutdown.clone();
-    let forward = stop_tx.clone();
-    tokio::spawn(async move {
-        let _ = all.wait_for(|s| *s).await;
-        let _ = forward.send(true);
-    });
-    let connect = connect_from_kubeconfig(d.kubeconfig.clone(), d.spec.remote.context.clone());
-    let handle = Arc::new(link::spawn_restored(
-        &d.name,
-        d.spec.clone(),
-        connect,
-        crate::run::incarnation(),
-        // In cluster mode a quarantine is kept in the Link's status, which every replica
-        // reads; a replica-local file would disagree with it. Its view comes from a peer.
-        None,
-        seed,
-        stop_rx,
-    ));
-    // A link starts measuring only: the lease loop's held set makes the holder decide (at the
-    // next status tick), so no replica acts on a flood before it knows it holds the Lease.
-    let (deciding, deciding_rx) = watch::channel(false);
-    tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
-    let transitions = handle.transitions();
-    let relay = Arc::new(LinkRelay {
-        base: shared.clone(),
-        link: d.name.clone(),
-        deciding: deciding.subscribe(),
-    });
-    facade.insert_relayed(handle.clone(), &d.token, Some(relay));
-    tracing::info!(link = %d.name, generation = ?link.meta().generation, "link started");
-    running.insert(
-        d.name.clone(),
-        Running {
-            desired: d,
-            handle,
-            stop: stop_tx,
-            followed: None,
-            deciding,
-            followed_containment: false,
-            transitions,
-            started: tokio::time::Instant::now(),
-        },
-    );
-}
-
-fn stop(name: &str, running: &mut HashMap<String, Running>, facade: &Registry) {
-    if let Some(r) = running.remove(name) {
-        facade.remove(name);
-        let _ = r.stop.send(true);
-        tracing::info!(link = %name, "link stopped");
-    }
 }

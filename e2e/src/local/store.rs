@@ -90,6 +90,8 @@ pub enum PatchKind {
 pub struct LocalStore {
     inner: Mutex<Inner>,
     requests: std::sync::atomic::AtomicU64,
+    /// Requests by method and path (no query), for tests that check what a client asks.
+    by_path: Mutex<std::collections::HashMap<String, u64>>,
     frames: broadcast::Sender<Arc<Frame>>,
     history: usize,
 }
@@ -129,6 +131,7 @@ impl LocalStore {
         Self {
             inner: Mutex::new(Inner::default()),
             requests: std::sync::atomic::AtomicU64::new(0),
+            by_path: Mutex::default(),
             frames: broadcast::channel(FANOUT).0,
             history: history.max(1),
         }
@@ -139,9 +142,20 @@ impl LocalStore {
     }
 
     /// Counts a request served.
-    pub fn count_request(&self) {
+    pub fn count_request(&self, method: &str, path: &str) {
         self.requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut by_path = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        *by_path.entry(format!("{method} {path}")).or_default() += 1;
+    }
+
+    /// Requests served so far with `method` on `path` (no query).
+    pub fn requests_to(&self, method: &str, path: &str) -> u64 {
+        let by_path = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
+        by_path
+            .get(&format!("{method} {path}"))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Requests served so far (tests wait for a client's loops to go round).

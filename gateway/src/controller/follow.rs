@@ -12,7 +12,8 @@ use kube::ResourceExt as _;
 use kube::runtime::events::Recorder;
 use tokio::sync::watch;
 
-use super::{Running, writer};
+use super::runs::Running;
+use super::writer;
 use crate::link::{self, LinkHandle};
 
 /// How long a link that starts with no view of its own (no peer gave one) reads its remote

@@ -1,0 +1,271 @@
+//! The links one controller replica runs: what each Link's reconcile found becomes a start,
+//! a restart, a reconnect or nothing ([`reconcile::plan`]); a quarantined link that starts
+//! first looks for its last good view on a peer ([`peers`]), in a task of its own, so no other
+//! link waits for it; a Link the cache no longer holds stops.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use floodgate_link_crd::Link;
+use kube::{Resource as _, ResourceExt as _};
+use tokio::sync::{mpsc, watch};
+
+use super::commands::{LinkRelay, Shared};
+use super::follow::forward_deciding;
+use super::reconcile::{self, Action, Blocked, DesiredLink};
+use super::{peers, trigger};
+use crate::link::{self, Connect, LinkHandle};
+use crate::registry::Registry;
+
+/// A running link and what it was started from.
+pub(super) struct Running {
+    pub(super) desired: DesiredLink,
+    pub(super) handle: Arc<LinkHandle>,
+    pub(super) stop: watch::Sender<bool>,
+    /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
+    /// release, `None` nothing yet.
+    pub(super) followed: Option<bool>,
+    /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
+    /// passes each change to the link, in order.
+    pub(super) deciding: watch::Sender<bool>,
+    /// Whether this run has followed the recorded containments once (a holder does only that).
+    pub(super) followed_containment: bool,
+    /// The link's service containment transitions not yet recorded as Events.
+    pub(super) transitions: tokio::sync::broadcast::Receiver<crate::churn::quarantine::Transition>,
+    /// When this run started.
+    pub(super) started: tokio::time::Instant,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("desired", &self.desired)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a link reaches its remote: the kubeconfig from its Secret.
+fn connect_from_kubeconfig(yaml: String, context: Option<String>) -> Connect {
+    Arc::new(move || {
+        let yaml = yaml.clone();
+        let context = context.clone();
+        Box::pin(async move {
+            let kc = kube::config::Kubeconfig::from_yaml(&yaml)?;
+            let opts = kube::config::KubeConfigOptions {
+                context,
+                ..Default::default()
+            };
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;
+            Ok(crate::upstream::client(cfg)?)
+        })
+    })
+}
+
+/// A peer's answer for a link waiting to start.
+pub(super) struct Seeded {
+    /// Which lookup this answers (a newer reconcile supersedes an older lookup).
+    lookup: u64,
+    desired: DesiredLink,
+    link: Arc<Link>,
+    seed: Option<crate::churn::restore::Saved>,
+}
+
+/// The links this replica runs, the Links it cannot run, and the ones waiting for a peer.
+pub(super) struct Runs {
+    pub(super) running: HashMap<String, Running>,
+    /// Why a Link cannot run (a blocked Link that ran before keeps its last good run).
+    pub(super) blocked: HashMap<String, Blocked>,
+    /// Links waiting for a peer's last good view before they start, by lookup.
+    seeding: HashMap<String, u64>,
+    lookups: u64,
+    seeded: mpsc::UnboundedSender<Seeded>,
+    registry: Arc<Registry>,
+    shared: Shared,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Runs {
+    /// No links yet; what peers answer for starting links comes on the returned channel.
+    pub(super) fn new(
+        registry: Arc<Registry>,
+        shared: Shared,
+        shutdown: watch::Receiver<bool>,
+    ) -> (Self, mpsc::UnboundedReceiver<Seeded>) {
+        let (seeded, answers) = mpsc::unbounded_channel();
+        let runs = Self {
+            running: HashMap::new(),
+            blocked: HashMap::new(),
+            seeding: HashMap::new(),
+            lookups: 0,
+            seeded,
+            registry,
+            shared,
+            shutdown,
+        };
+        (runs, answers)
+    }
+
+    /// Stops every link (the process is shutting down).
+    pub(super) fn stop_all(self) {
+        for (_, r) in self.running {
+            let _ = r.stop.send(true);
+        }
+    }
+
+    /// Takes one Link to what its reconcile found.
+    pub(super) fn apply(&mut self, trigger::Reconciled { link, desired }: trigger::Reconciled) {
+        let name = link.name_any();
+        // A lookup still under way answers for an older reconcile.
+        self.seeding.remove(&name);
+        match &desired {
+            Err(b) => {
+                if self.blocked.get(&name) != Some(b) {
+                    tracing::warn!(link = %name, reason = b.reason, message = %b.message, "link blocked");
+                }
+                self.blocked.insert(name.clone(), b.clone());
+            }
+            Ok(_) => {
+                self.blocked.remove(&name);
+            }
+        }
+        match reconcile::plan(self.running.get(&name).map(|r| &r.desired), Some(&desired)) {
+            Action::Keep => {}
+            Action::Stop => self.stop(&name),
+            Action::Reconnect(d) => self.reconnect(d),
+            Action::Start(d) | Action::Restart(d) => {
+                self.stop(&name);
+                self.begin(d, link);
+            }
+        }
+    }
+
+    /// Starts a link; one under a recorded quarantine first looks for its last good view on a
+    /// peer, in a task of its own (at most [`peers::PEER_TIMEOUT`]), so other links do not wait.
+    fn begin(&mut self, d: DesiredLink, link: Arc<Link>) {
+        let recorded = link.status.as_ref().and_then(|s| s.quarantine.clone());
+        let (Some(peers), Some(recorded)) = (self.shared.peers.clone(), recorded) else {
+            self.start(d, &link, None);
+            return;
+        };
+        self.lookups += 1;
+        let lookup = self.lookups;
+        self.seeding.insert(d.name.clone(), lookup);
+        let seeded = self.seeded.clone();
+        tokio::spawn(async move {
+            let seed = peers::last_good_view(&peers, &d.name, &d.token, &recorded).await;
+            let _ = seeded.send(Seeded {
+                lookup,
+                desired: d,
+                link,
+                seed,
+            });
+        });
+    }
+
+    /// A peer's answer: the link starts with it, unless a newer reconcile came meanwhile.
+    pub(super) fn seeded(&mut self, s: Seeded) {
+        if self.seeding.get(&s.desired.name) == Some(&s.lookup) {
+            self.seeding.remove(&s.desired.name);
+            self.start(s.desired, &s.link, s.seed);
+        }
+    }
+
+    fn reconnect(&mut self, d: DesiredLink) {
+        let Some(r) = self.running.get_mut(&d.name) else {
+            return;
+        };
+        let connect = connect_from_kubeconfig(d.kubeconfig.clone(), d.spec.remote.context.clone());
+        let handle = r.handle.clone();
+        tracing::info!(link = %d.name, "new credentials: reconnecting the upstream");
+        r.desired = d;
+        tokio::spawn(async move {
+            if let Err(e) = handle.reconnect(connect).await {
+                tracing::warn!(error = %e, "cannot reconnect the link");
+            }
+        });
+    }
+
+    /// Stops what runs for Links the cache no longer holds (a deleted Link is not reconciled).
+    pub(super) fn prune(&mut self, links: &[Arc<Link>]) {
+        let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
+        let gone: Vec<String> = (self.running.keys())
+            .filter(|n| !names.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.stop(&name);
+        }
+        self.blocked.retain(|n, _| names.contains(n));
+        self.seeding.retain(|n, _| names.contains(n));
+    }
+
+    /// True when Link `name` has been reconciled and runs or is blocked (it does not wait for
+    /// a peer).
+    pub(super) fn reconciled(&self, name: &str) -> bool {
+        !self.seeding.contains_key(name)
+            && (self.running.contains_key(name) || self.blocked.contains_key(name))
+    }
+
+    /// True when every Link is [`Self::reconciled`].
+    pub(super) fn settled(&self, links: &[Arc<Link>]) -> bool {
+        links.iter().all(|l| self.reconciled(&l.name_any()))
+    }
+
+    fn start(&mut self, d: DesiredLink, link: &Link, seed: Option<crate::churn::restore::Saved>) {
+        let shared = &self.shared;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        // The link stops on its own signal or on the process's.
+        let mut all = self.shutdown.clone();
+        let forward = stop_tx.clone();
+        tokio::spawn(async move {
+            let _ = all.wait_for(|s| *s).await;
+            let _ = forward.send(true);
+        });
+        let connect = connect_from_kubeconfig(d.kubeconfig.clone(), d.spec.remote.context.clone());
+        let handle = Arc::new(link::spawn_restored(
+            &d.name,
+            d.spec.clone(),
+            connect,
+            crate::run::incarnation(),
+            // In cluster mode a quarantine is kept in the Link's status, which every replica
+            // reads; a replica-local file would disagree with it. Its view comes from a peer.
+            None,
+            seed,
+            stop_rx,
+        ));
+        // A link starts measuring only: the lease loop's held set makes the holder decide (at the
+        // next status tick), so no replica acts on a flood before it knows it holds the Lease.
+        let (deciding, deciding_rx) = watch::channel(false);
+        tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
+        let transitions = handle.transitions();
+        let relay = Arc::new(LinkRelay {
+            base: shared.clone(),
+            link: d.name.clone(),
+            deciding: deciding.subscribe(),
+        });
+        self.registry
+            .insert_relayed(handle.clone(), &d.token, Some(relay));
+        tracing::info!(link = %d.name, generation = ?link.meta().generation, "link started");
+        self.running.insert(
+            d.name.clone(),
+            Running {
+                desired: d,
+                handle,
+                stop: stop_tx,
+                followed: None,
+                deciding,
+                followed_containment: false,
+                transitions,
+                started: tokio::time::Instant::now(),
+            },
+        );
+    }
+
+    fn stop(&mut self, name: &str) {
+        if let Some(r) = self.running.remove(name) {
+            self.registry.remove(name);
+            let _ = r.stop.send(true);
+            tracing::info!(link = %name, "link stopped");
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! What makes a Link reconciled: kube-runtime's [`Controller`] over the Links of the
+//! namespace, with the Secrets they name as watched objects. A Link is reconciled when its
+//! spec changes (its generation: status writes and command annotations are not reconciles) and
+//! when a Secret it names appears, changes or goes, so a credentials rotation takes effect as
+//! soon as the watch delivers it. Both kinds are read from reflector caches: a reconcile does
+//! no I/O.
+//!
+//! The reconciler computes what should run ([`reconcile::desired`]) and hands it to the loop
+//! that owns the running links ([`super::serve`]), which starts, restarts or stops them. A
+//! deleted Link is not reconciled (the Controller drops what its cache no longer holds); the
+//! loop stops the runs of Links its cache no longer has.
+
+use std::sync::Arc;
+
+use floodgate_link_crd::Link;
+use futures_util::{Stream, StreamExt as _};
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, predicates, reflector, watcher};
+use kube::{Api, ResourceExt as _};
+use tokio::sync::{mpsc, watch};
+
+use super::reconcile::{self, Blocked, DesiredLink};
+
+/// What the reconciler found for one Link.
+#[derive(Debug)]
+pub struct Reconciled {
+    /// The Link as the cache held it.
+    pub link: Arc<Link>,
+    /// How it should run, or why it cannot.
+    pub desired: Result<DesiredLink, Blocked>,
+}
+
+/// The loop that owns the links has stopped: the process is shutting down.
+#[derive(Debug, thiserror::Error)]
+#[error("the controller's loop has stopped")]
+pub struct LoopStopped;
+
+struct Context {
+    namespace: String,
+    secrets: Store<Secret>,
+    found: mpsc::UnboundedSender<Reconciled>,
+}
+
+/// Starts the Controller on the Links and Secrets of `namespace`, until `shutdown`. Returns
+/// the Links' cache (every change, status included, as the watch delivers it) and what each
+/// reconcile finds.
+pub fn start(
+    links: Api<Link>,
+    secrets: Api<Secret>,
+    namespace: &str,
+    mut shutdown: watch::Receiver<bool>,
+) -> (Store<Link>, mpsc::UnboundedReceiver<Reconciled>) {
+    let (links_cache, links_writer) = reflector::store::<Link>();
+    let link_changes = reflector(links_writer, watcher(links, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    let (secrets_cache, secrets_writer) = reflector::store::<Secret>();
+    let secret_changes = reflector(secrets_writer, watcher(secrets, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let (found, found_rx) = mpsc::unbounded_channel();
+    let ctx = Arc::new(Context {
+        namespace: namespace.to_owned(),
+        secrets: secrets_cache,
+        found,
+    });
+    let naming = links_cache.clone();
+    let run = Controller::for_stream(link_changes, links_cache.clone())
+        .watches_stream(secret_changes, move |secret: Secret| {
+            links_naming(&naming, &secret.name_any())
+        })
+        .graceful_shutdown_on(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .run(reconcile_link, error_policy, ctx);
+    tokio::spawn(log_errors(run));
+    (links_cache, found_rx)
+}
+
+/// The Links that name Secret `secret` (their credentials or their consumers' token).
+fn links_naming(links: &Store<Link>, secret: &str) -> Vec<ObjectRef<Link>> {
+    links
+        .state()
+        .iter()
+        .filter(|l| reconcile::referenced_secrets(l).iter().any(|n| n == secret))
+        .map(|l| ObjectRef::from_obj(l.as_ref()))
+        .collect()
+}
+
+async fn reconcile_link(link: Arc<Link>, ctx: Arc<Context>) -> Result<Action, LoopStopped> {
+    // A Link reconciled before the Secrets are listed would be blocked on a Secret that
+    // exists. The Controller polls the Secrets' stream while this waits.
+    if ctx.secrets.wait_until_ready().await.is_err() {
+        return Err(LoopStopped);
+    }
+    let secret = |name: &str| {
+        ctx.secrets
+            .get(&ObjectRef::new(name).within(&ctx.namespace))
+    };
+    let credentials = (link.spec.remote.kubeconfig_secret.as_ref()).and_then(|s| secret(&s.name));
+    let token = secret(&crate::wrap::token_secret_name(&link.name_any()));
+    let desired = reconcile::desired(&link, credentials.as_deref(), token.as_deref());
+    ctx.found
+        .send(Reconciled { link, desired })
+        .map_err(|_| LoopStopped)?;
+    // Nothing outside the two caches decides what runs: the next change triggers the next
+    // reconcile.
+    Ok(Action::await_change())
+}
+
+fn error_policy(_: Arc<Link>, _: &LoopStopped, _: Arc<Context>) -> Action {
+    Action::await_change()
+}
+
+/// Drives the Controller, logging what fails (a watch that breaks is retried with backoff).
+async fn log_errors<T, Q: std::error::Error + 'static>(
+    run: impl Stream<Item = Result<T, controller::Error<LoopStopped, Q>>>,
+) {
+    run.for_each(|r| async move {
+        match r {
+            Ok(_) => {}
+            // A Secret changed for a Link deleted meanwhile: nothing to reconcile.
+            Err(controller::Error::ObjectNotFound(link)) => {
+                tracing::debug!(%link, "a Link to reconcile is gone");
+            }
+            Err(e) => tracing::warn!(error = %e, "reconciling Links"),
+        }
+    })
+    .await;
+}
