@@ -103,6 +103,8 @@ impl Replica {
             identity: identity.into(),
             peers: peer.map(|p| p.facade.to_string()),
             peer_server_name: "localhost".into(),
+            // Stopping a replica drains its watchers like a real one, in 0.5 s of readiness off.
+            shutdown_timeout: 1,
         };
         let (stop, shutdown) = watch::channel(false);
         let client = local.client(NS).expect("client");

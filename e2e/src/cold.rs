@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::RunningSim;
 use crate::drivers::Cluster;
 use crate::flood::contained_services;
-use crate::procs::{Consumer, Floodgate, memory_kib};
+use crate::process::{Consumer, Floodgate, memory_kib};
 use crate::sim::SimStore;
 
 const CALM: [&str; 3] = ["web", "api", "billing"];

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::RunningSim;
 use crate::drivers::Cluster;
-use crate::procs::{Consumer, ConsumerStats, Floodgate, memory_kib};
+use crate::process::{Consumer, ConsumerStats, Floodgate, memory_kib};
 use crate::sim::SimStore;
 
 /// The annotation a calm change is stamped with (its wall-clock time in ms), which

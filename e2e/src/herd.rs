@@ -10,7 +10,7 @@ use floodgate_link_crd::LinkSpec;
 
 use crate::RunningSim;
 use crate::drivers::Cluster;
-use crate::procs::{Floodgate, restart_herd};
+use crate::process::{Floodgate, restart_herd};
 use crate::sim::SimStore;
 
 /// S2's figures: upstream requests kube-sim served.

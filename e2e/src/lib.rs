@@ -1,7 +1,7 @@
 //! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
 //! ([`drivers`]), a client of the admin API ([`admin`]), a fault-injecting proxy ([`chaos`]),
-//! captured logs ([`logs`]), Floodgate and consumers as processes ([`procs`], [`process`],
+//! captured logs ([`logs`]), Floodgate (either mode) and consumers as processes ([`process`],
 //! `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]), cold starts against a
 //! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
 //! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
@@ -21,7 +21,6 @@ pub mod local;
 pub mod logs;
 pub mod modes;
 pub mod process;
-pub mod procs;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -1,78 +1,68 @@
-//! The real `floodgate` binary as a child process, for tests that measure it from outside: its
-//! peak memory (`VmHWM`), its open file descriptors, what it prints; and raw HTTP/1.1 requests
-//! that no well-behaved client would send.
+//! Floodgate and its consumers as real processes, for tests and benchmarks that measure them
+//! from outside: memory from each process's `/proc/<pid>/status` (`VmHWM`, `VmRSS`), never
+//! estimated; open file descriptors; what they print; and raw HTTP/1.1 requests that no
+//! well-behaved client would send. [`Floodgate`] starts the binary in either mode with any
+//! flags ([`Launch`]); [`Consumer`] is a kube-rs consumer process. Every child is started with
+//! `kill_on_drop`, so a run leaves no process behind.
+
+mod consumer;
+mod floodgate;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use floodgate_link_crd::{LinkSpec, LinksFile, NamedLink, RemoteSpec};
-use tokio::process::Command;
-
+use anyhow::Context as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::process::Command;
 
-/// The `floodgate` binary cargo built beside the running test (`cargo build -p floodgate`,
-/// which `make test` does first).
-pub fn floodgate_bin() -> PathBuf {
-    crate::procs::sibling_bin("floodgate").expect("the floodgate binary")
+pub use consumer::{Consumer, ConsumerStats, restart_herd};
+pub use floodgate::{Floodgate, Launch};
+
+/// A binary built beside the running one (`target/<profile>/`), or beside a test's parent
+/// directory (`target/<profile>/deps/..`).
+pub fn sibling_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("the executable's directory")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("target/<profile>")?;
+    }
+    let bin = dir.join(name);
+    anyhow::ensure!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build -p floodgate -p floodgate-e2e --bins`; \
+         the Makefile does)",
+        bin.display()
+    );
+    Ok(bin)
 }
 
-/// A loopback address nothing listens on right now.
+/// Resident and peak resident memory of a process, in KiB (`VmRSS`, `VmHWM`).
+pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
+    Some((
+        proc_status_kib(pid, "VmRSS")?,
+        proc_status_kib(pid, "VmHWM")?,
+    ))
+}
+
+/// The `floodgate` binary cargo built beside the running test (`make test` builds it first).
+pub fn floodgate_bin() -> anyhow::Result<PathBuf> {
+    sibling_bin("floodgate")
+}
+
+/// A loopback address nothing listens on right now (bound and released; good enough on a
+/// test machine).
 pub fn free_addr() -> SocketAddr {
-    crate::procs::free_addr().expect("a free port")
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
 }
 
-/// Writes `dir/links.yaml`: one link per `(name, kubeconfig path)`, each with the default spec.
-/// Returns the file's path.
-pub fn write_links_file(dir: &Path, links: &[(&str, &Path)]) -> PathBuf {
-    write_links_file_with(dir, links, |_| {})
-}
-
-/// [`write_links_file`], each link's spec changed by `tune` first.
-pub fn write_links_file_with(
-    dir: &Path,
-    links: &[(&str, &Path)],
-    tune: impl Fn(&mut LinkSpec),
-) -> PathBuf {
-    let file = LinksFile {
-        links: links
-            .iter()
-            .map(|(name, kubeconfig)| {
-                let mut spec = LinkSpec::with_remote(RemoteSpec {
-                    kubeconfig_path: Some(kubeconfig.display().to_string()),
-                    ..RemoteSpec::default()
-                });
-                tune(&mut spec);
-                NamedLink {
-                    name: (*name).to_owned(),
-                    spec,
-                }
-            })
-            .collect(),
-    };
-    let path = dir.join("links.yaml");
-    let yaml = serde_yaml::to_string(&file).expect("a links file encodes");
-    std::fs::write(&path, yaml).expect("the links file is written");
-    path
-}
-
-/// `floodgate run` with its links file, state directory, facade and admin addresses (gRPC on a
-/// free port), killed when dropped. The caller adds flags, environment and stdio, then spawns.
-pub fn run_command(config: &Path, state: &Path, facade: SocketAddr, admin: SocketAddr) -> Command {
-    let mut c = Command::new(floodgate_bin());
-    c.arg("run")
-        .arg("--config")
-        .arg(config)
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--listen", &facade.to_string()])
-        .args(["--admin-listen", &admin.to_string()])
-        .args(["--grpc-listen", &free_addr().to_string()])
-        .kill_on_drop(true);
-    // A profiler for Floodgate alone, not for the harness around it (heaptrack's preload
-    // library: the README's "Profiling memory"). Each child gets its own heaptrack output,
-    // numbered in start order, so a run of several keeps them all.
+/// Preloads [`PRELOAD_ENV`]'s library into `c` (heaptrack for Floodgate alone, not for the
+/// harness around it: the README's "Profiling memory"). Each child gets its own heaptrack
+/// output, numbered in start order, so a run of several keeps them all.
+pub(crate) fn preload(c: &mut Command) {
     if let Some(preload) = std::env::var_os(PRELOAD_ENV) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static STARTED: AtomicUsize = AtomicUsize::new(0);
@@ -83,7 +73,6 @@ pub fn run_command(config: &Path, state: &Path, facade: SocketAddr, admin: Socke
             c.env("DUMP_HEAPTRACK_OUTPUT", out);
         }
     }
-    c
 }
 
 /// Set to a library path, it is preloaded into every `floodgate` child of the e2e harness.

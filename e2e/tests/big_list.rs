@@ -12,7 +12,7 @@ use floodgate::kubeapi::ApiStore as _;
 use floodgate::model::Kind;
 use floodgate_e2e::chaos::{Chaos, PlainSim, REMOTE_TOKEN};
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::procs::{Floodgate, memory_kib};
+use floodgate_e2e::process::{Floodgate, memory_kib};
 use floodgate_e2e::sim::{SimStore, kubeconfig};
 use floodgate_e2e::until;
 use floodgate_link_crd::{LinkSpec, RemoteSpec};

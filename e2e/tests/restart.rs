@@ -4,73 +4,41 @@
 //! contained service, while the link's other services follow the remote.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::gateway::client_from;
-use floodgate_e2e::process::{free_addr, run_command, write_links_file_with};
+use floodgate_e2e::modes::Mode;
+use floodgate_e2e::process::{Floodgate, Launch};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
-use floodgate_link_crd::LinkSpec;
+use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::Value;
-use tokio::process::Child;
 
 const ADMIN_TOKEN: &str = "s5-admin-token";
 
-struct Gateway {
-    child: Child,
-    admin: SocketAddr,
-    facade: SocketAddr,
-}
-
-fn start(dir: &Path, admin: SocketAddr, facade: SocketAddr) -> Gateway {
-    let child = run_command(&dir.join("links.yaml"), &dir.join("state"), facade, admin)
-        .arg("--admin-token-file")
-        .arg(dir.join("admin-token"))
-        .env("FLOODGATE_LOG", "warn")
-        .spawn()
-        .expect("floodgate starts");
-    Gateway {
-        child,
-        admin,
-        facade,
-    }
-}
-
-async fn link(g: &Gateway) -> Value {
+async fn link(g: &Floodgate) -> Value {
     match admin::call(g.admin, "GET", "/links/east", None, "").await {
         Ok((200, v)) => v,
         _ => Value::Null,
     }
 }
 
-async fn ready(g: &Gateway) -> bool {
+async fn ready(g: &Floodgate) -> bool {
     matches!(
         admin::call_text(g.admin, "GET", "/readyz", None, "").await,
         Ok((200, _))
     )
 }
 
-/// A client of the link's consumers.
-async fn consumer(g: &Gateway, state: &Path) -> kube::Client {
-    let token = std::fs::read_to_string(state.join("tokens/east")).expect("the link's token");
-    let ca = std::fs::read_to_string(state.join("tls/ca.crt")).expect("the CA");
-    let server = format!("https://{}/links/east", g.facade);
-    let yaml = floodgate::run::consumer_kubeconfig(&server, token.trim(), Some(&ca), "east");
-    client_from(&yaml).await.expect("a client")
-}
-
 /// Addresses a consumer of the link is served for a service, sorted.
-async fn addresses(g: &Gateway, state: &Path, service: &str) -> Vec<String> {
-    let api: Api<EndpointSlice> = Api::namespaced(consumer(g, state).await, "prod");
+async fn addresses(g: &Floodgate, service: &str) -> Vec<String> {
+    let api: Api<EndpointSlice> = Api::namespaced(g.consumer().await.expect("a client"), "prod");
     let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
     let mut out: Vec<String> = match api.list(&lp).await {
         Ok(list) => list
@@ -96,8 +64,8 @@ fn contained(v: &Value) -> Vec<String> {
 }
 
 /// Service names a consumer of the link lists.
-async fn services(g: &Gateway, state: &Path) -> BTreeSet<String> {
-    let api: Api<Service> = Api::all(consumer(g, state).await);
+async fn services(g: &Floodgate) -> BTreeSet<String> {
+    let api: Api<Service> = Api::all(g.consumer().await.expect("a client"));
     match api.list(&ListParams::default()).await {
         Ok(list) => list
             .items
@@ -117,7 +85,8 @@ fn names(v: &[&str]) -> BTreeSet<String> {
 struct Setup {
     cluster: Cluster,
     _sim: RunningSim,
-    tmp: tempfile::TempDir,
+    _tmp: tempfile::TempDir,
+    launch: Launch,
 }
 
 async fn setup(seed: u32, services: &[&str], tune: impl Fn(&mut LinkSpec)) -> Setup {
@@ -131,14 +100,17 @@ async fn setup(seed: u32, services: &[&str], tune: impl Fn(&mut LinkSpec)) -> Se
         .await
         .expect("kube-sim");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path();
-    std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
-    std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token");
-    write_links_file_with(dir, &[("east", &dir.join("remote.kubeconfig"))], tune);
+    let mut spec = LinkSpec::with_remote(RemoteSpec::default());
+    tune(&mut spec);
+    let launch = Launch::new(Mode::Standalone, tmp.path())
+        .link("east", &sim.kubeconfig(), spec)
+        .admin_token(ADMIN_TOKEN)
+        .log("warn");
     Setup {
         cluster,
         _sim: sim,
-        tmp,
+        _tmp: tmp,
+        launch,
     }
 }
 
@@ -147,15 +119,13 @@ async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
     let Setup {
         mut cluster,
         _sim,
-        tmp,
+        _tmp,
+        launch,
     } = setup(75, &["web", "api"], |_| {}).await;
-    let dir = tmp.path();
-    let state = dir.join("state");
-    let (admin_addr, facade) = (free_addr(), free_addr());
-
-    let mut g = start(dir, admin_addr, facade);
+    let mut g = launch.spawn().await.expect("floodgate starts");
+    let state = g.state().to_owned();
     until(60, "the first run syncs", async || ready(&g).await).await;
-    assert_eq!(services(&g, &state).await, names(&["api", "web"]));
+    assert_eq!(services(&g).await, names(&["api", "web"]));
     let (code, v) = admin::call(
         g.admin,
         "POST",
@@ -172,15 +142,15 @@ async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
     // The remote moves on, then Floodgate dies without a chance to clean up.
     cluster.add_service("new", true);
     cluster.relabel("api", "mirror.linkerd.io/exported", None);
-    g.child.kill().await.expect("SIGKILL");
+    g.kill().await.expect("SIGKILL");
 
-    let g = start(dir, admin_addr, facade);
+    g.respawn().expect("floodgate starts again");
     until(30, "the restarted link serves", async || ready(&g).await).await;
     let v = link(&g).await;
     assert_eq!(v["phase"], "Quarantined", "{v}");
     assert_eq!(v["quarantine"]["message"], "S5", "{v}");
     assert_eq!(
-        services(&g, &state).await,
+        services(&g).await,
         names(&["api", "web"]),
         "the last good view, not the remote's new state"
     );
@@ -198,7 +168,7 @@ async fn s5_a_quarantine_survives_sigkill_and_releases_after_restart() {
     until(
         30,
         "the released link converges to the remote",
-        async || services(&g, &state).await == names(&["new", "web"]),
+        async || services(&g).await == names(&["new", "web"]),
     )
     .await;
     assert!(
@@ -214,24 +184,22 @@ async fn s5_a_containment_survives_sigkill_and_its_release_converges() {
     let Setup {
         mut cluster,
         _sim,
-        tmp,
+        _tmp,
+        launch,
     } = setup(76, &["web", "injector"], |s| {
         s.caps.max_endpoints_per_service = 5;
         s.quarantine.when.endpoints_per_service = 8;
     })
     .await;
-    let dir = tmp.path();
-    let state = dir.join("state");
-    let (admin_addr, facade) = (free_addr(), free_addr());
-
-    let mut g = start(dir, admin_addr, facade);
+    let mut g = launch.spawn().await.expect("floodgate starts");
+    let state = g.state().to_owned();
     until(60, "the first run syncs", async || ready(&g).await).await;
     cluster.scale("injector", 12, true);
     until(10, "the injector is contained", async || {
         contained(&link(&g).await) == ["prod/injector"]
     })
     .await;
-    let frozen = addresses(&g, &state, "injector").await;
+    let frozen = addresses(&g, "injector").await;
     assert_eq!(frozen.len(), 2, "served at what it published: {frozen:?}");
     let file = state.join("links/east/contained.json");
     until(10, "the containment is on disk", async || file.exists()).await;
@@ -240,21 +208,21 @@ async fn s5_a_containment_survives_sigkill_and_its_release_converges() {
     cluster.scale("injector", 20, true);
     cluster.scale("web", 3, true);
     let web_now = 3;
-    g.child.kill().await.expect("SIGKILL");
+    g.kill().await.expect("SIGKILL");
 
-    let g = start(dir, admin_addr, facade);
+    g.respawn().expect("floodgate starts again");
     until(30, "the restarted link serves", async || ready(&g).await).await;
     let v = link(&g).await;
     assert_eq!(contained(&v), ["prod/injector"], "{v}");
     assert_eq!(v["contained"][0]["reason"], "EndpointsPerService", "{v}");
     assert_ne!(v["phase"], "Quarantined", "{v}");
     assert_eq!(
-        addresses(&g, &state, "injector").await,
+        addresses(&g, "injector").await,
         frozen,
         "the contained service is served as it was before the kill"
     );
     until(30, "the calm service follows the remote", async || {
-        addresses(&g, &state, "web").await.len() == web_now
+        addresses(&g, "web").await.len() == web_now
     })
     .await;
 
@@ -274,7 +242,7 @@ async fn s5_a_containment_survives_sigkill_and_its_release_converges() {
     until(
         30,
         "the released service converges to the remote",
-        async || addresses(&g, &state, "injector").await.len() == 4,
+        async || addresses(&g, "injector").await.len() == 4,
     )
     .await;
     let v = link(&g).await;

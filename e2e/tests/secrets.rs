@@ -9,9 +9,11 @@ use base64::Engine as _;
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::process::{free_addr, run_command, write_links_file};
+use floodgate_e2e::modes::Mode;
+use floodgate_e2e::process::{Launch, free_addr};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
+use floodgate_link_crd::{LinkSpec, RemoteSpec};
 
 const REMOTE_TOKEN: &str = "remote-bearer-SECRET-7f3a9c";
 const CLIENT_KEY: &str = "client-key-SECRET-91c2d4";
@@ -30,7 +32,6 @@ async fn no_secret_reaches_logs_metrics_config_or_error_bodies() {
         .expect("kube-sim");
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    std::fs::write(p.join("east.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
     // West's remote is down and its kubeconfig carries a client key and a token.
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let west = format!(
@@ -41,26 +42,18 @@ async fn no_secret_reaches_logs_metrics_config_or_error_bodies() {
         )),
         b64("-----BEGIN CERTIFICATE-----\nnot-a-cert\n-----END CERTIFICATE-----\n"),
     );
-    std::fs::write(p.join("west.kubeconfig"), west).expect("kubeconfig");
-    std::fs::write(p.join("admin-token"), ADMIN_TOKEN).expect("admin token");
-    let links = write_links_file(
-        p,
-        &[
-            ("east", &p.join("east.kubeconfig")),
-            ("west", &p.join("west.kubeconfig")),
-        ],
-    );
-    let (facade, admin_addr) = (free_addr(), free_addr());
-    let state = p.join("state");
-    let child = run_command(&links, &state, facade, admin_addr)
-        .arg("--admin-token-file")
-        .arg(p.join("admin-token"))
-        .arg("--insecure-http")
-        .env("FLOODGATE_LOG", "debug")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    let spec = || LinkSpec::with_remote(RemoteSpec::default());
+    let fg = Launch::new(Mode::Standalone, p)
+        .link("east", &sim.kubeconfig(), spec())
+        .link("west", &west, spec())
+        .admin_token(ADMIN_TOKEN)
+        .args(["--insecure-http"])
+        .log("debug")
+        .piped()
         .spawn()
+        .await
         .expect("floodgate starts");
+    let (facade, admin_addr) = (fg.facade, fg.admin);
 
     let east_synced = async || {
         matches!(
@@ -69,13 +62,7 @@ async fn no_secret_reaches_logs_metrics_config_or_error_bodies() {
         )
     };
     until(60, "east syncs", east_synced).await;
-    let token = |l: &str| {
-        std::fs::read_to_string(state.join("tokens").join(l))
-            .expect("a link token")
-            .trim()
-            .to_owned()
-    };
-    let (east_token, west_link_token) = (token("east"), token("west"));
+    let (east_token, west_link_token) = (fg.token_of("east"), fg.token_of("west"));
 
     let mut seen = String::new();
     let svc = "/links/east/api/v1/services";
@@ -134,7 +121,7 @@ async fn no_secret_reaches_logs_metrics_config_or_error_bodies() {
         .expect("west");
     seen.push_str(&west);
 
-    let mut child = child;
+    let mut child = fg.into_child();
     child.start_kill().expect("kill");
     let out = child.wait_with_output().await.expect("its output");
     let logs = format!(

@@ -2,82 +2,56 @@
 //! open watch gets a last BOOKMARK and ends, and the process exits 0 within its deadline; a
 //! second SIGTERM during a drain that cannot finish (a consumer that never reads) exits at once.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::kubeapi::ApiStore;
 use floodgate::model::Object;
 use floodgate_e2e::RunningSim;
-use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::gateway::client_from;
-use floodgate_e2e::process::{free_addr, run_command, write_links_file};
+use floodgate_e2e::modes::Mode;
+use floodgate_e2e::process::{Floodgate, Launch};
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
+use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::process::Child;
 use tokio::time::Instant;
 
-struct Gateway {
-    child: Child,
-    admin: SocketAddr,
-    facade: SocketAddr,
-    state: PathBuf,
-}
-
-/// Writes the links file for `sim` into `dir` and starts `floodgate run` with `extra` flags.
-fn start(dir: &Path, sim: &RunningSim, extra: &[&str]) -> Gateway {
-    std::fs::write(dir.join("remote.kubeconfig"), sim.kubeconfig()).expect("kubeconfig");
-    let links = write_links_file(dir, &[("east", &dir.join("remote.kubeconfig"))]);
-    let (admin, facade, state) = (free_addr(), free_addr(), dir.join("state"));
-    let child = run_command(&links, &state, facade, admin)
-        .args(extra)
-        .env("FLOODGATE_LOG", "info")
-        .spawn()
-        .expect("floodgate starts");
-    Gateway {
-        child,
-        admin,
-        facade,
-        state,
-    }
-}
-
-async fn readyz(g: &Gateway) -> Option<u16> {
-    admin::call_text(g.admin, "GET", "/readyz", None, "")
+/// `floodgate` in `mode` in `dir`, serving `sim` as link `east`, with `extra` flags.
+async fn start(mode: Mode, dir: &Path, sim: &RunningSim, extra: &[&str]) -> Floodgate {
+    Launch::new(mode, dir)
+        .link(
+            "east",
+            &sim.kubeconfig(),
+            LinkSpec::with_remote(RemoteSpec::default()),
+        )
+        .args(extra.iter().copied())
+        .start()
         .await
-        .ok()
-        .map(|(code, _)| code)
-}
-
-fn sigterm(child: &Child) {
-    let pid = child.id().expect("still running");
-    let ok = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill runs")
-        .success();
-    assert!(ok, "SIGTERM sent");
-}
-
-fn token(g: &Gateway) -> String {
-    std::fs::read_to_string(g.state.join("tokens/east"))
-        .expect("the link's token")
-        .trim()
-        .to_owned()
+        .expect("floodgate is ready")
 }
 
 /// SIGTERM: readiness turns 503 while the watch is still open, the watch then gets a BOOKMARK
 /// with the version it had reached and ends cleanly, and the process exits 0 in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drops_readiness_then_drains_watchers_with_a_last_bookmark() {
+    sigterm_drains(Mode::Standalone).await;
+}
+
+/// The same for `floodgate controller`: a rollout's SIGTERM costs its consumers nothing more
+/// than a resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_controller_the_same_way() {
+    sigterm_drains(Mode::Controller).await;
+}
+
+async fn sigterm_drains(mode: Mode) {
     let store = Arc::new(SimStore::new(120, 1000));
     let mut cluster = Cluster::new(store.clone(), "prod");
     cluster.add_service("web", true);
@@ -86,16 +60,8 @@ async fn sigterm_drops_readiness_then_drains_watchers_with_a_last_bookmark() {
         .await
         .expect("kube-sim");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut g = start(tmp.path(), &sim, &["--shutdown-timeout", "10"]);
-    until(60, "floodgate is ready", async || {
-        readyz(&g).await == Some(200)
-    })
-    .await;
-
-    let ca = std::fs::read_to_string(g.state.join("tls/ca.crt")).expect("the CA");
-    let server = format!("https://{}/links/east", g.facade);
-    let yaml = floodgate::run::consumer_kubeconfig(&server, &token(&g), Some(&ca), "east");
-    let client = client_from(&yaml).await.expect("a client");
+    let mut g = start(mode, tmp.path(), &sim, &["--shutdown-timeout", "10"]).await;
+    let client = g.consumer().await.expect("a client");
     let list = Api::<Service>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -114,10 +80,10 @@ async fn sigterm_drops_readiness_then_drains_watchers_with_a_last_bookmark() {
     let mut body = resp.into_body().into_data_stream();
 
     let sent = Instant::now();
-    sigterm(&g.child);
+    g.sigterm();
     // Readiness drops while the watch is still open (nothing has arrived on it yet).
     until(5, "/readyz answers 503", async || {
-        readyz(&g).await == Some(503)
+        g.readyz().await == Some(503)
     })
     .await;
     let unready_at = Instant::now();
@@ -149,7 +115,7 @@ async fn sigterm_drops_readiness_then_drains_watchers_with_a_last_bookmark() {
         unready_at <= *bookmark_at,
         "readiness dropped before the watch was drained"
     );
-    let status = tokio::time::timeout(Duration::from_secs(15), g.child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(15), g.child().wait())
         .await
         .expect("exits within the deadline")
         .expect("exit status");
@@ -190,14 +156,14 @@ async fn a_second_sigterm_forces_exit_during_a_slow_drain() {
         .await
         .expect("kube-sim");
     let tmp = tempfile::tempdir().expect("tempdir");
+    // Standalone only: the stuck consumer writes its request in plain HTTP, and only
+    // `floodgate run` serves the facade without TLS.
     let mut g = start(
+        Mode::Standalone,
         tmp.path(),
         &sim,
         &["--shutdown-timeout", "120", "--insecure-http"],
-    );
-    until(60, "floodgate is ready", async || {
-        readyz(&g).await == Some(200)
-    })
+    )
     .await;
 
     // A consumer that asks for everything and never reads.
@@ -206,26 +172,26 @@ async fn a_second_sigterm_forces_exit_during_a_slow_drain() {
     let mut stuck = sock.connect(g.facade).await.expect("connect");
     let req = format!(
         "GET /links/east/api/v1/services?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true HTTP/1.1\r\nhost: floodgate\r\nauthorization: Bearer {}\r\n\r\n",
-        token(&g)
+        g.token()
     );
     stuck.write_all(req.as_bytes()).await.expect("request");
 
-    sigterm(&g.child);
+    g.sigterm();
     until(5, "/readyz answers 503", async || {
-        readyz(&g).await == Some(503)
+        g.readyz().await == Some(503)
     })
     .await;
     // The drain is under way and cannot finish: the process is still there.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
-        g.child.try_wait().expect("status").is_none(),
+        g.child().try_wait().expect("status").is_none(),
         "still draining"
     );
-    assert_eq!(readyz(&g).await, Some(503), "still answering, not ready");
+    assert_eq!(g.readyz().await, Some(503), "still answering, not ready");
 
     let forced = Instant::now();
-    sigterm(&g.child);
-    let status = tokio::time::timeout(Duration::from_secs(5), g.child.wait())
+    g.sigterm();
+    let status = tokio::time::timeout(Duration::from_secs(5), g.child().wait())
         .await
         .expect("a second SIGTERM exits at once")
         .expect("exit status");

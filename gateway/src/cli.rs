@@ -103,7 +103,7 @@ pub struct RunArgs {
     pub write_timeout: floodgate_link_crd::KubeDuration,
     /// Seconds to drain watchers after SIGTERM (each gets a last bookmark) before exiting
     /// anyway; a second SIGTERM or SIGINT exits at once.
-    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::run::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
+    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
     pub shutdown_timeout: u64,
 }
 

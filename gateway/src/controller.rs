@@ -39,7 +39,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::registry::Registry;
-use crate::server::{self, Listeners, ServerConfig, Signals};
+use crate::server::{self, Listeners, ServerConfig};
 use commands::Shared;
 use follow::{decide_if_held, follow_containment, follow_quarantine, record_containment};
 use runs::Runs;
@@ -91,6 +91,10 @@ pub struct ControllerArgs {
     /// `localhost`; peers are reached by address).
     #[arg(long, env = "FLOODGATE_PEER_SERVER_NAME", default_value = "localhost")]
     pub peer_server_name: String,
+    /// Seconds to drain watchers after SIGTERM before exiting anyway (keep it below the
+    /// pod's `terminationGracePeriodSeconds`, 30 s by default).
+    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
+    pub shutdown_timeout: u64,
 }
 
 /// The controller's clocks; tests shorten them.
@@ -181,7 +185,11 @@ pub async fn serve(
         .map(crate::auth::Token::new);
     let registry = Arc::new(Registry::new());
     let (listed_tx, listed) = watch::channel(false);
-    server::start(
+    let (switches, signals) = server::Switches::new(listed);
+    // The links stop with the facade, after readiness has dropped; the Controller, the Leases
+    // and the status writer with the process's signal.
+    let links_stop = signals.shutdown.clone();
+    let server = server::start(
         registry.clone(),
         listeners,
         ServerConfig {
@@ -194,12 +202,7 @@ pub async fn serve(
                 "identity": args.identity,
             }),
         },
-        Signals {
-            gate: listed,
-            unready: shutdown.clone(),
-            shutdown: shutdown.clone(),
-            admin_stop: shutdown.clone(),
-        },
+        signals,
     )?;
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
@@ -224,7 +227,7 @@ pub async fn serve(
 
     let commands =
         commands::Commands::new(links_api.clone(), recorder.clone(), args.identity.clone());
-    let (mut runs, mut seeded) = Runs::new(registry, shared, shutdown.clone());
+    let (mut runs, mut seeded) = Runs::new(registry.clone(), shared, links_stop);
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
     loop {
@@ -316,6 +319,11 @@ pub async fn serve(
             });
         }
     }
+    // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
+    // get their last BOOKMARK, then the admin listener.
+    let deadline = Duration::from_secs(args.shutdown_timeout);
+    tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
+    let drained = server.shutdown(&registry, switches, deadline).await;
     runs.stop_all();
-    Ok(())
+    Ok(drained?)
 }

@@ -32,21 +32,30 @@ fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
     })
 }
 
-/// `floodgate controller`: in-cluster config or KUBECONFIG; runs until SIGINT or SIGTERM.
+/// `floodgate controller`: in-cluster config or KUBECONFIG; runs until SIGINT or SIGTERM, then
+/// drains as `floodgate run` does (within `--shutdown-timeout`); a second signal exits at once.
 fn controller(args: &floodgate::controller::ControllerArgs) -> anyhow::Result<()> {
     tracing::info!(config = ?args, "starting the controller");
     tokio::runtime::Runtime::new()?.block_on(async {
         let client = kube::Client::try_default().await?;
         let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(floodgate::controller::run(client, args.clone(), shutdown));
+        let mut task = tokio::spawn(floodgate::controller::run(client, args.clone(), shutdown));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
+            r = &mut task => return r?,
             r = tokio::signal::ctrl_c() => r?,
             _ = term.recv() => {}
         }
-        tracing::info!("shutting down");
         let _ = stop.send(true);
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+        tokio::select! {
+            r = task => r??,
+            _ = term.recv() => anyhow::bail!("a second signal during the drain: exiting at once"),
+            r = tokio::signal::ctrl_c() => {
+                r?;
+                anyhow::bail!("a second signal during the drain: exiting at once");
+            }
+        }
+        tracing::info!("drained; exiting");
         anyhow::Ok(())
     })
 }

@@ -15,12 +15,11 @@ use anyhow::Context as _;
 use floodgate_link_crd::{LinksFile, NamedLink};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::kubeapi::{self, Api};
 use crate::link::{self, Connect, LinkHandle, LinkStore};
 use crate::registry::Registry;
-use crate::server::{self, Listeners, ServerConfig, Signals};
+use crate::server::{self, Listeners, ServerConfig};
 use crate::tls::{self, TlsMaterial};
 
 /// Where the facade's certificate comes from.
@@ -81,39 +80,8 @@ pub struct Running {
     /// What every listener serves.
     pub registry: Arc<Registry>,
     tokens: HashMap<String, String>,
-    shutdown: watch::Sender<bool>,
-    /// Readiness off (the first step of a shutdown).
-    unready: watch::Sender<bool>,
-    /// Stops the admin listener, after the facade drained (so `/readyz` answers 503 meanwhile).
-    admin_stop: watch::Sender<bool>,
-    facade_task: JoinHandle<()>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-/// How long `floodgate run` waits for its watchers to drain after SIGTERM before it exits
-/// anyway (`--shutdown-timeout`): less than Kubernetes' default grace period of 30 s.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// How long the facade keeps serving after readiness dropped, before it lets its watchers go:
-/// time for the Service in front of Floodgate to take it out of its endpoints, so consumers
-/// that resume go to another replica. Part of the shutdown deadline.
-pub const UNREADY_BEFORE_DRAIN: Duration = Duration::from_secs(1);
-
-/// How often a drain lets go of watches opened since it began (a client resuming on a
-/// connection that has not closed yet).
-const DRAIN_TICK: Duration = Duration::from_millis(100);
-
-/// Why a shutdown was not clean.
-#[derive(Debug, thiserror::Error)]
-pub enum ShutdownError {
-    /// Connections were still open at the deadline (a consumer that does not read).
-    #[error("{watches} facade watch(es) still open after {deadline:?}: exiting anyway")]
-    Deadline {
-        /// Watches open at the deadline.
-        watches: usize,
-        /// The deadline.
-        deadline: Duration,
-    },
+    server: server::Server,
+    switches: server::Switches,
 }
 
 impl Running {
@@ -149,47 +117,12 @@ impl Running {
         let _ = self.shutdown(Duration::from_secs(5)).await;
     }
 
-    /// Shuts down in order. Readiness drops first (`/readyz` 503, gRPC health NOT_SERVING)
-    /// and stays down while the facade serves on for [`UNREADY_BEFORE_DRAIN`]; then the links
-    /// and the gRPC server stop, the facade stops accepting and asks its
-    /// connections to close, and every open watch gets a final BOOKMARK with its latest
-    /// version and ends; once every facade connection has closed, or at `deadline`, the admin
-    /// listener stops.
-    pub async fn shutdown(self, deadline: Duration) -> Result<(), ShutdownError> {
-        let until = tokio::time::Instant::now() + deadline;
-        let _ = self.unready.send(true);
-        tokio::time::sleep(UNREADY_BEFORE_DRAIN.min(deadline / 2)).await;
-        let _ = self.shutdown.send(true);
-        for api in self.apis.values() {
-            api.drain_watches();
-        }
-        let mut facade = self.facade_task;
-        let drained = loop {
-            for l in self.links.iter() {
-                l.view.disconnect();
-            }
-            tokio::select! {
-                _ = &mut facade => break true,
-                () = tokio::time::sleep_until(until) => break false,
-                () = tokio::time::sleep(DRAIN_TICK) => {}
-            }
-        };
-        let watches = self.apis.values().map(|a| a.open_watches()).sum();
-        tracing::info!(
-            drained,
-            watches,
-            "facade drained; stopping the admin and gRPC listeners"
-        );
-        let _ = self.admin_stop.send(true);
-        for t in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
-        }
-        if drained {
-            Ok(())
-        } else {
-            facade.abort();
-            Err(ShutdownError::Deadline { watches, deadline })
-        }
+    /// Shuts down in order ([`server::Server::shutdown`]): readiness first, then the links,
+    /// gRPC and the facade, whose watches each get a last BOOKMARK, then the admin listener.
+    pub async fn shutdown(self, deadline: Duration) -> Result<(), server::ShutdownError> {
+        self.server
+            .shutdown(&self.registry, self.switches, deadline)
+            .await
     }
 }
 
@@ -315,9 +248,9 @@ pub fn incarnation() -> u32 {
 
 /// Starts every link, the facade and the admin listener.
 pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
-    let (shutdown_tx, shutdown) = watch::channel(false);
-    let (admin_stop, admin_stopped) = watch::channel(false);
-    let (unready, unready_rx) = watch::channel(false);
+    // Standalone mode has nothing to wait for besides its links.
+    let (switches, signals) = server::Switches::new(watch::channel(true).1);
+    let shutdown = signals.shutdown.clone();
     let admin_token = cfg
         .admin_token_file
         .as_deref()
@@ -359,8 +292,6 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     };
     let config = crate::admin::config_json(&cfg);
     tracing::info!(config = %config, "effective configuration");
-    // Standalone mode has nothing to wait for besides its links.
-    let (_, gate) = watch::channel(true);
     let server = server::start(
         registry.clone(),
         listeners,
@@ -370,12 +301,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
             admin_token,
             config,
         },
-        Signals {
-            gate,
-            unready: unready_rx,
-            shutdown: shutdown.clone(),
-            admin_stop: admin_stopped,
-        },
+        signals,
     )?;
     let (facade_addr, admin_addr, grpc_addr) =
         (server.facade_addr, server.admin_addr, server.grpc_addr);
@@ -389,10 +315,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         apis,
         registry,
         tokens,
-        shutdown: shutdown_tx,
-        unready,
-        admin_stop,
-        facade_task: server.facade_task,
-        tasks: server.tasks,
+        server,
+        switches,
     })
 }

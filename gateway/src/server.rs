@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -60,6 +61,61 @@ pub struct Signals {
     pub shutdown: watch::Receiver<bool>,
     /// True when the admin listener stops (after the facade drained).
     pub admin_stop: watch::Receiver<bool>,
+}
+
+/// How long Floodgate (either mode) waits for its watchers to drain after SIGTERM before it exits
+/// anyway (`--shutdown-timeout`): less than Kubernetes' default grace period of 30 s.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long the facade keeps serving after readiness dropped, before it lets its watchers go:
+/// time for the Service in front of Floodgate to take it out of its endpoints, so consumers
+/// that resume go to another replica. Part of the shutdown deadline.
+pub const UNREADY_BEFORE_DRAIN: Duration = Duration::from_secs(1);
+
+/// How often a drain lets go of watches opened since it began (a client resuming on a
+/// connection that has not closed yet).
+const DRAIN_TICK: Duration = Duration::from_millis(100);
+
+/// Why a shutdown was not clean.
+#[derive(Debug, thiserror::Error)]
+pub enum ShutdownError {
+    /// Connections were still open at the deadline (a consumer that does not read).
+    #[error("{watches} facade watch(es) still open after {deadline:?}: exiting anyway")]
+    Deadline {
+        /// Watches open at the deadline.
+        watches: usize,
+        /// The deadline.
+        deadline: Duration,
+    },
+}
+
+/// What sends the [`Signals`], in the order a shutdown sends them ([`Server::shutdown`]).
+#[derive(Debug)]
+pub struct Switches {
+    unready: watch::Sender<bool>,
+    shutdown: watch::Sender<bool>,
+    admin_stop: watch::Sender<bool>,
+}
+
+impl Switches {
+    /// The switches, all off, and the signals they send (with the mode's `gate`).
+    pub fn new(gate: watch::Receiver<bool>) -> (Self, Signals) {
+        let (unready, unready_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (admin_stop, admin_stop_rx) = watch::channel(false);
+        let signals = Signals {
+            gate,
+            unready: unready_rx,
+            shutdown: shutdown_rx,
+            admin_stop: admin_stop_rx,
+        };
+        let switches = Self {
+            unready,
+            shutdown,
+            admin_stop,
+        };
+        (switches, signals)
+    }
 }
 
 /// The running listeners.
@@ -146,6 +202,57 @@ pub fn start(
         facade_task,
         tasks: vec![admin_task, grpc_task, sampler],
     })
+}
+
+impl Server {
+    /// Shuts down in order, the same in both modes. Readiness drops first (`/readyz` 503,
+    /// gRPC health NOT_SERVING) and stays down while the facade serves on for
+    /// [`UNREADY_BEFORE_DRAIN`]; then whatever follows `shutdown` stops (gRPC, the links of
+    /// `floodgate run`), the facade stops accepting and asks its connections to close, and
+    /// every open watch of `links` gets a final BOOKMARK with its latest version and ends;
+    /// once every facade connection has closed, or at `deadline`, the admin listener stops.
+    pub async fn shutdown(
+        self,
+        links: &Registry,
+        switches: Switches,
+        deadline: Duration,
+    ) -> Result<(), ShutdownError> {
+        let until = tokio::time::Instant::now() + deadline;
+        let _ = switches.unready.send(true);
+        tokio::time::sleep(UNREADY_BEFORE_DRAIN.min(deadline / 2)).await;
+        let _ = switches.shutdown.send(true);
+        let entries = links.all();
+        for e in &entries {
+            e.api.drain_watches();
+        }
+        let mut facade = self.facade_task;
+        let drained = loop {
+            for e in &entries {
+                e.handle.view.disconnect();
+            }
+            tokio::select! {
+                _ = &mut facade => break true,
+                () = tokio::time::sleep_until(until) => break false,
+                () = tokio::time::sleep(DRAIN_TICK) => {}
+            }
+        };
+        let watches = entries.iter().map(|e| e.api.open_watches()).sum();
+        tracing::info!(
+            drained,
+            watches,
+            "facade drained; stopping the admin and gRPC listeners"
+        );
+        let _ = switches.admin_stop.send(true);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        if drained {
+            Ok(())
+        } else {
+            facade.abort();
+            Err(ShutdownError::Deadline { watches, deadline })
+        }
+    }
 }
 
 /// Resolves once `signal` turns true (or its sender is gone).

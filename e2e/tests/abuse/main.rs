@@ -7,20 +7,19 @@
 //! listener's (`kubeapi::serve`), the same over TLS.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::admin;
 use floodgate_e2e::drivers::Cluster;
-use floodgate_e2e::process::{free_addr, raw, run_command, write_links_file};
+use floodgate_e2e::modes::Mode;
+use floodgate_e2e::process::{Floodgate, Launch, raw};
 use floodgate_e2e::sim::SimStore;
-use floodgate_e2e::until;
+use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use serde_json::Value;
-use tokio::process::Child;
 
 struct Gateway {
-    child: Child,
+    fg: Floodgate,
     facade: SocketAddr,
     admin: SocketAddr,
     east: String,
@@ -31,7 +30,7 @@ struct Gateway {
 
 impl Gateway {
     fn pid(&self) -> u32 {
-        self.child.id().expect("floodgate runs")
+        self.fg.pid().expect("floodgate runs")
     }
 }
 
@@ -53,41 +52,25 @@ async fn start(bulk: usize, args: &[&str]) -> Gateway {
         .await
         .expect("kube-sim");
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("remote.kubeconfig");
-    std::fs::write(&kubeconfig, sim.kubeconfig()).expect("kubeconfig");
-    let links = write_links_file(dir.path(), &[("east", &kubeconfig), ("west", &kubeconfig)]);
-    let (facade, admin) = (free_addr(), free_addr());
-    let state = dir.path().join("state");
-    let child = run_command(&links, &state, facade, admin)
-        .arg("--insecure-http")
-        .args(args)
-        .env("FLOODGATE_LOG", "warn")
-        .spawn()
-        .expect("floodgate starts");
-    until(60, "both links sync", async || {
-        matches!(
-            admin::call_text(admin, "GET", "/readyz", None, "").await,
-            Ok((200, _))
-        )
-    })
-    .await;
-    let token = |l: &str| read_token(&state, l);
+    let spec = || LinkSpec::with_remote(RemoteSpec::default());
+    let fg = Launch::new(Mode::Standalone, dir.path())
+        .link("east", &sim.kubeconfig(), spec())
+        .link("west", &sim.kubeconfig(), spec())
+        .args(["--insecure-http"])
+        .args(args.iter().copied())
+        .log("warn")
+        .start()
+        .await
+        .expect("both links sync");
     Gateway {
-        child,
-        facade,
-        admin,
-        east: token("east"),
-        west: token("west"),
+        facade: fg.facade,
+        admin: fg.admin,
+        east: fg.token_of("east"),
+        west: fg.token_of("west"),
+        fg,
         _dir: dir,
         _sim: sim,
     }
-}
-
-fn read_token(state: &Path, link: &str) -> String {
-    std::fs::read_to_string(state.join("tokens").join(link))
-        .expect("the link's token")
-        .trim()
-        .to_owned()
 }
 
 /// Every refusal, over the wire: code, `metav1.Status` kind, reason and code in the body.
