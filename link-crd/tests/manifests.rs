@@ -303,6 +303,10 @@ fn rbac_is_least_privilege() {
         assert!(has("floodgate.dev", "links", v));
     }
     assert!(has("floodgate.dev", "links/status", "patch"));
+    assert!(
+        !has("floodgate.dev", "links/status", "get"),
+        "status is read from the watch"
+    );
     for v in ["create", "update", "delete"] {
         assert!(
             !has("floodgate.dev", "links", v),
