@@ -81,11 +81,7 @@ pub fn watch(
             }
         }
         let (snap, rx) = view.list_and_watch(def.kind);
-        let items = snap
-            .items
-            .into_iter()
-            .filter(|s| selected(s, namespace, &query))
-            .collect();
+        let items = selected_copy(&snap.items, |s| selected(s, namespace, &query));
         (items, rx, snap.resource_version)
     } else {
         let asked = parse_rv(&rv)?;
@@ -115,6 +111,14 @@ pub fn watch(
     );
     w.slot = Some(slot);
     Ok(w.into_response(Vec::new()))
+}
+
+/// The objects of `items` that `keep` selects, in a buffer of their own. Collecting the
+/// snapshot by value would reuse its allocation in place: a watcher of one object among 10,000
+/// then held an 80 KB buffer for as long as it stayed open (109 KiB per idle watcher, measured
+/// over real sockets against kube-sim with 10,000 EndpointSlices).
+fn selected_copy(items: &[Arc<Stored>], keep: impl Fn(&Stored) -> bool) -> VecDeque<Arc<Stored>> {
+    items.iter().filter(|s| keep(s)).cloned().collect()
 }
 
 /// HTTP 200 with one ERROR event carrying a 410 Status, then the end.
@@ -193,6 +197,10 @@ impl Watcher {
             return None;
         }
         if let Some(s) = self.initial.pop_front() {
+            if self.initial.is_empty() {
+                // The initial events are written: an idle watcher keeps no buffer for them.
+                self.initial = VecDeque::new();
+            }
             return Some(self.object_frame(EventType::Added, &s));
         }
         if self.initial_end_bookmark {
@@ -318,3 +326,36 @@ impl Watcher {
 
 /// The annotation of the bookmark that ends a streaming list's initial events.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Object;
+
+    /// A watcher of one object among many keeps a buffer for that one, not for the kind.
+    #[test]
+    fn the_initial_events_of_one_object_hold_no_copy_of_the_kind() {
+        let items: Vec<Arc<Stored>> = (0..10_000)
+            .map(|i| {
+                let svc = k8s_openapi::api::core::v1::Service {
+                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                        name: Some(format!("svc-{i:05}")),
+                        namespace: Some("prod".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                Arc::new(Stored::new(Object::Service(Arc::new(svc)), i + 1))
+            })
+            .collect();
+        let initial = selected_copy(&items, |s| {
+            s.object.meta().name.as_deref() == Some("svc-04242")
+        });
+        assert_eq!(initial.len(), 1);
+        assert!(
+            initial.capacity() < 16,
+            "a buffer of {} for one object",
+            initial.capacity()
+        );
+    }
+}
