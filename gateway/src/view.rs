@@ -208,6 +208,17 @@ pub enum ResumeError {
     TooLarge,
 }
 
+/// The part of a kind a list or a watch starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// Every object of the kind.
+    Kind,
+    /// The objects of one namespace.
+    Namespace(&'a str),
+    /// One object (namespace, name): a `metadata.name` field selector in a namespace.
+    Object(&'a str, &'a str),
+}
+
 /// A consistent snapshot of one kind.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -272,9 +283,29 @@ impl State {
     }
 
     fn snapshot(&self, kind: Kind) -> Snapshot {
+        self.snapshot_of(kind, Scope::Kind)
+    }
+
+    /// The objects of `scope` only: the others are not copied (they are held by namespace and
+    /// name).
+    fn snapshot_of(&self, kind: Kind, scope: Scope<'_>) -> Snapshot {
+        let objects = &self.shelf(kind).objects;
+        let items = match scope {
+            Scope::Kind => objects.values().cloned().collect(),
+            Scope::Namespace(namespace) => objects
+                .range(NsName::new(namespace, "")..)
+                .take_while(|(k, _)| &*k.namespace == namespace)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            Scope::Object(namespace, name) => objects
+                .get(&NsName::new(namespace, name))
+                .cloned()
+                .into_iter()
+                .collect(),
+        };
         Snapshot {
             resource_version: self.base | self.counter,
-            items: self.shelf(kind).objects.values().cloned().collect(),
+            items,
         }
     }
 
@@ -386,20 +417,21 @@ impl View {
     }
 
     /// The objects of a kind in one namespace, consistent with the returned version: only
-    /// those are copied (the objects are held by namespace and name).
+    /// those are copied.
     pub fn list_namespace(&self, kind: Kind, namespace: &str) -> Snapshot {
+        self.read().snapshot_of(kind, Scope::Namespace(namespace))
+    }
+
+    /// [`View::list_and_watch`] of `scope` only: a watch of one namespace or one object copies
+    /// nothing else.
+    pub fn list_and_watch_scope(
+        &self,
+        kind: Kind,
+        scope: Scope<'_>,
+    ) -> (Snapshot, broadcast::Receiver<Event>) {
         let s = self.read();
-        let from = NsName::new(namespace, "");
-        Snapshot {
-            resource_version: s.base | s.counter,
-            items: s
-                .shelf(kind)
-                .objects
-                .range(from..)
-                .take_while(|(k, _)| &*k.namespace == namespace)
-                .map(|(_, v)| v.clone())
-                .collect(),
-        }
+        // Subscribing under the read lock: no publication can slip between snapshot and receiver.
+        (s.snapshot_of(kind, scope), s.shelf(kind).tx.subscribe())
     }
 
     /// A snapshot of a kind and a receiver of every later change of that kind, with no gap

@@ -31,7 +31,7 @@ use super::resource::ResourceDef;
 use super::status::StatusError;
 use crate::protobuf;
 use crate::view::metadata;
-use crate::view::{Event, EventType, ResumeError, Stored, View, frame};
+use crate::view::{Event, EventType, ResumeError, Scope, Stored, View, frame};
 
 /// How often an idle watch with bookmarks gets one (the API server: about every minute).
 pub const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
@@ -80,7 +80,13 @@ pub fn watch(
                 Ok(()) => {}
             }
         }
-        let (snap, rx) = view.list_and_watch(def.kind);
+        // A watch of one namespace, or of one object in it, copies only that part.
+        let scope = match (namespace, query.fields.exact_name()) {
+            (Some(ns), Some(name)) => Scope::Object(ns, name),
+            (Some(ns), None) => Scope::Namespace(ns),
+            (None, _) => Scope::Kind,
+        };
+        let (snap, rx) = view.list_and_watch_scope(def.kind, scope);
         let items = selected_copy(&snap.items, |s| selected(s, namespace, &query));
         (items, rx, snap.resource_version)
     } else {

@@ -350,4 +350,15 @@ fn a_namespaced_list_copies_its_namespace_only() {
     let snap = view.list_namespace(Kind::Service, "c");
     assert_eq!(snap.resource_version, view.resource_version());
     assert_eq!(names(view.list(Kind::Service)).len(), 5);
+
+    // A watch of one object copies that object only, and its receiver sees the next change.
+    let (snap, mut rx) = view.list_and_watch_scope(Kind::Service, Scope::Object("b", "z"));
+    assert_eq!(names(snap), ["b/z"]);
+    let (none, _) = view.list_and_watch_scope(Kind::Service, Scope::Object("b", "w"));
+    assert!(none.items.is_empty(), "w is in ba, not in b");
+    let (ns, _) = view.list_and_watch_scope(Kind::Service, Scope::Namespace("b"));
+    assert_eq!(names(ns), ["b/y", "b/z"]);
+    view.apply([in_ns("b", "new")]);
+    let event = rx.try_recv().expect("the change after the snapshot");
+    assert_eq!(NsName::of(event.object.object.meta()).to_string(), "b/new");
 }
