@@ -191,7 +191,12 @@ pub fn mk_link(name: &str) -> Link {
 
 /// Creates link `name`'s Secrets (remote credentials, consumers' token) and the Link.
 pub async fn add_link(local: &RunningLocal, name: &str, sim: &RunningSim, link: Link) {
-    add_credentials(local, name, sim).await;
+    put_link(local, name, &sim.kubeconfig(), link).await;
+}
+
+/// [`add_link`] with the remote's kubeconfig (YAML).
+pub async fn put_link(local: &RunningLocal, name: &str, kubeconfig: &str, link: Link) {
+    add_credentials(local, name, kubeconfig).await;
     add_token(local, name).await;
     let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
     links
@@ -200,13 +205,9 @@ pub async fn add_link(local: &RunningLocal, name: &str, sim: &RunningSim, link: 
         .expect("link");
 }
 
-/// Creates Secret `<name>-credentials`: `sim`'s kubeconfig, as [`mk_link`] names it.
-pub async fn add_credentials(local: &RunningLocal, name: &str, sim: &RunningSim) {
-    let secret = mk_secret(
-        &format!("{name}-credentials"),
-        "kubeconfig",
-        &sim.kubeconfig(),
-    );
+/// Creates Secret `<name>-credentials` holding `kubeconfig`, as [`mk_link`] names it.
+pub async fn add_credentials(local: &RunningLocal, name: &str, kubeconfig: &str) {
+    let secret = mk_secret(&format!("{name}-credentials"), "kubeconfig", kubeconfig);
     create_secret(local, &secret).await;
 }
 

@@ -315,7 +315,7 @@ async fn new_credentials_swap_the_upstream_and_keep_the_view() {
 async fn a_secret_that_appears_starts_its_link_from_the_watch() {
     let local = RunningLocal::start().await.expect("local cluster");
     let (sim, _cluster) = remote(&["web"]).await;
-    add_credentials(&local, "east", &sim).await;
+    add_credentials(&local, "east", &sim.kubeconfig()).await;
     let links: Api<Link> = Api::namespaced(local.client(NS).expect("client"), NS);
     links
         .create(&PostParams::default(), &mk_link("east"))

@@ -262,8 +262,8 @@ pub async fn serve(
             continue;
         }
         let links = reader.state();
-        runs.prune(&links);
         let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
+        runs.prune(&names);
         wanted_tx.send_if_modified(|wanted| {
             let changed = *wanted != names;
             *wanted = names;

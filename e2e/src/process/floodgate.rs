@@ -14,10 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::Context as _;
-use floodgate_link_crd::{Link, LinkSpec, LinksFile, NamedLink, RemoteSpec, SecretKeyRef};
-use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
-use kube::api::PostParams;
+use floodgate_link_crd::{LinkSpec, LinksFile, NamedLink, RemoteSpec};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
@@ -112,7 +109,7 @@ impl Launch {
             }
             Mode::Controller => {
                 let cluster = RunningLocal::start().await?;
-                self.put_links(&cluster).await?;
+                self.put_links(&cluster).await;
                 let kubeconfig = self.dir.join("local.kubeconfig");
                 std::fs::write(&kubeconfig, cluster.kubeconfig(NS))?;
                 env.push(("KUBECONFIG".into(), kubeconfig.into()));
@@ -186,31 +183,15 @@ impl Launch {
     }
 
     /// Each link's credentials and token Secrets and its Link, in the local cluster.
-    async fn put_links(&self, local: &RunningLocal) -> anyhow::Result<()> {
-        let client = local.client(NS)?;
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
-        let links: Api<Link> = Api::namespaced(client, NS);
-        let pp = PostParams::default();
+    async fn put_links(&self, local: &RunningLocal) {
         for (name, kubeconfig, spec) in &self.links {
-            let credentials = format!("{name}-credentials");
-            let token = cluster::token(name);
-            for secret in [
-                cluster::mk_secret(&credentials, "kubeconfig", kubeconfig),
-                cluster::mk_secret(&floodgate::wrap::token_secret_name(name), "token", &token),
-            ] {
-                secrets.create(&pp, &secret).await?;
-            }
-            let mut spec = spec.clone();
-            spec.remote = RemoteSpec {
-                kubeconfig_secret: Some(SecretKeyRef {
-                    name: credentials,
-                    key: "kubeconfig".into(),
-                }),
-                ..RemoteSpec::default()
+            let mut link = cluster::mk_link(name);
+            link.spec = LinkSpec {
+                remote: link.spec.remote.clone(),
+                ..spec.clone()
             };
-            links.create(&pp, &Link::new(name, spec)).await?;
+            cluster::put_link(local, name, kubeconfig, link).await;
         }
-        Ok(())
     }
 }
 

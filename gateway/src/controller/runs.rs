@@ -61,6 +61,9 @@ fn connect_from_kubeconfig(yaml: String, context: Option<String>) -> Connect {
     })
 }
 
+/// Peers' answers waiting for the loop; a lookup task that finds the queue full waits.
+const SEEDED_QUEUE: usize = 16;
+
 /// A peer's answer for a link waiting to start.
 pub(super) struct Seeded {
     /// Which lookup this answers (a newer reconcile supersedes an older lookup).
@@ -78,7 +81,7 @@ pub(super) struct Runs {
     /// Links waiting for a peer's last good view before they start, by lookup.
     seeding: HashMap<String, u64>,
     lookups: u64,
-    seeded: mpsc::UnboundedSender<Seeded>,
+    seeded: mpsc::Sender<Seeded>,
     registry: Arc<Registry>,
     shared: Shared,
     shutdown: watch::Receiver<bool>,
@@ -90,8 +93,8 @@ impl Runs {
         registry: Arc<Registry>,
         shared: Shared,
         shutdown: watch::Receiver<bool>,
-    ) -> (Self, mpsc::UnboundedReceiver<Seeded>) {
-        let (seeded, answers) = mpsc::unbounded_channel();
+    ) -> (Self, mpsc::Receiver<Seeded>) {
+        let (seeded, answers) = mpsc::channel(SEEDED_QUEUE);
         let runs = Self {
             running: HashMap::new(),
             blocked: HashMap::new(),
@@ -153,12 +156,14 @@ impl Runs {
         let seeded = self.seeded.clone();
         tokio::spawn(async move {
             let seed = peers::last_good_view(&peers, &d.name, &d.token, &recorded).await;
-            let _ = seeded.send(Seeded {
-                lookup,
-                desired: d,
-                link,
-                seed,
-            });
+            let _ = seeded
+                .send(Seeded {
+                    lookup,
+                    desired: d,
+                    link,
+                    seed,
+                })
+                .await;
         });
     }
 
@@ -185,9 +190,9 @@ impl Runs {
         });
     }
 
-    /// Stops what runs for Links the cache no longer holds (a deleted Link is not reconciled).
-    pub(super) fn prune(&mut self, links: &[Arc<Link>]) {
-        let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
+    /// Stops what runs for Links the cache no longer holds (a deleted Link is not reconciled);
+    /// `names` are the Links it holds.
+    pub(super) fn prune(&mut self, names: &BTreeSet<String>) {
         let gone: Vec<String> = (self.running.keys())
             .filter(|n| !names.contains(*n))
             .cloned()

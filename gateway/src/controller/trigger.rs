@@ -40,8 +40,12 @@ pub struct LoopStopped;
 struct Context {
     namespace: String,
     secrets: Store<Secret>,
-    found: mpsc::UnboundedSender<Reconciled>,
+    found: mpsc::Sender<Reconciled>,
 }
+
+/// Reconciles waiting for the loop that owns the links; a full queue holds the next reconcile
+/// back (the Controller keeps scheduling and deduplicating meanwhile).
+const FOUND_QUEUE: usize = 64;
 
 /// Starts the Controller on the Links and Secrets of `namespace`, until `shutdown`. Returns
 /// the Links' cache (every change, status included, as the watch delivers it) and what each
@@ -51,7 +55,7 @@ pub fn start(
     secrets: Api<Secret>,
     namespace: &str,
     mut shutdown: watch::Receiver<bool>,
-) -> (Store<Link>, mpsc::UnboundedReceiver<Reconciled>) {
+) -> (Store<Link>, mpsc::Receiver<Reconciled>) {
     let (links_cache, links_writer) = reflector::store::<Link>();
     let link_changes = reflector(links_writer, watcher(links, watcher::Config::default()))
         .default_backoff()
@@ -61,7 +65,7 @@ pub fn start(
     let secret_changes = reflector(secrets_writer, watcher(secrets, watcher::Config::default()))
         .default_backoff()
         .touched_objects();
-    let (found, found_rx) = mpsc::unbounded_channel();
+    let (found, found_rx) = mpsc::channel(FOUND_QUEUE);
     let ctx = Arc::new(Context {
         namespace: namespace.to_owned(),
         secrets: secrets_cache,
@@ -105,6 +109,7 @@ async fn reconcile_link(link: Arc<Link>, ctx: Arc<Context>) -> Result<Action, Lo
     let desired = reconcile::desired(&link, credentials.as_deref(), token.as_deref());
     ctx.found
         .send(Reconciled { link, desired })
+        .await
         .map_err(|_| LoopStopped)?;
     // Nothing outside the two caches decides what runs: the next change triggers the next
     // reconcile.
