@@ -27,7 +27,7 @@ use floodgate_proto::v1::{
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
@@ -347,7 +347,12 @@ pub async fn serve(
     let server = builder
         .add_service(health)
         .add_service(MirrorServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal);
+        // Each streamed update is a small write: without TCP_NODELAY it would wait for the
+        // consumer's delayed ACK (about 40 ms).
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            signal,
+        );
     let mut stop = shutdown;
     let forced = async move {
         let _ = stop.wait_for(|s| *s).await;

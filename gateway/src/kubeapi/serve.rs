@@ -144,6 +144,12 @@ pub async fn serve(
                 }
             },
         };
+        // A watch event is a small write, often right after another (HTTP/2 writes each
+        // stream's frame): with Nagle's algorithm it would wait for the client's delayed ACK,
+        // about 40 ms. The API server (Go) sets TCP_NODELAY on every connection too.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
+        }
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
