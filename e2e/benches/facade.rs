@@ -5,16 +5,19 @@
 //!   bytes, and what decoding the same list costs a consumer (in Rust: serde into k8s-openapi
 //!   types, prost into k8s-pb types; a Go-free proxy for client-go's decode);
 //! - initial sync of the same through a streaming list, to a kube-rs watcher;
-//! - 100, 1,000 and 5,000 watchers on one object, each on its own TLS connection, in JSON and in
-//!   protobuf: memory per idle watcher, and for each update the time from the PATCH to the
-//!   last watcher, the spread from the first watcher to the last, and the server CPU per
-//!   delivered event.
+//! - 100, 1,000 and 5,000 watchers on one object, each on its own TLS connection over HTTP/1.1
+//!   (as kube-rs connects), in JSON and in protobuf; and 1,000 and 5,000 over HTTP/2, ten watches
+//!   to a connection (as a client-go consumer multiplexes its informers): memory per idle
+//!   watcher, and for each update the time from the PATCH to the last watcher, the spread from
+//!   the first watcher to the last, and the server CPU per delivered event.
 //!
 //! Prints the figures with the targets and writes `target/floodgate-bench/facade.json`.
 //! Run with `make bench`.
 
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -25,6 +28,9 @@ use kube::{Api, Client};
 
 const SLICES: usize = 10_000;
 const WATCHER_COUNTS: [usize; 3] = [100, 1_000, 5_000];
+const H2_WATCHER_COUNTS: [usize; 2] = [1_000, 5_000];
+/// Watches per HTTP/2 connection: about what one client-go consumer of a link opens.
+const H2_STREAMS_PER_CONNECTION: usize = 10;
 const UPDATES: usize = 20;
 const JSON: &str = "application/json";
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf, application/json";
@@ -168,9 +174,128 @@ async fn filled_sim(dir: &std::path::Path) -> (Sim, Client) {
     }
 }
 
+/// How the watchers reach the server.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    /// One TLS connection per watch, as kube-rs (HTTP/1.1 only) makes them.
+    Http1,
+    /// `H2_STREAMS_PER_CONNECTION` watches on each TLS connection, negotiated by ALPN, as
+    /// client-go makes them.
+    Http2,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Http1 => "HTTP/1.1",
+            Transport::Http2 => "HTTP/2",
+        }
+    }
+}
+
+type Chunks = Pin<Box<dyn futures_util::Stream<Item = bytes::Bytes> + Send>>;
+type H2Sender = hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>;
+
+/// An HTTP/2 connection to the server in `kubeconfig`, with its bearer token.
+async fn h2_connection(kubeconfig: &std::path::Path) -> (H2Sender, String) {
+    let yaml = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    let kc = kube::config::Kubeconfig::from_yaml(&yaml).expect("parses");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let mut roots = rustls::RootCertStore::empty();
+    for der in cfg.root_cert.iter().flatten() {
+        roots
+            .add(rustls::pki_types::CertificateDer::from(der.clone()))
+            .expect("the kubeconfig's CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let host = cfg.cluster_url.host().expect("a host").to_owned();
+    let port = cfg.cluster_url.port_u16().expect("a port");
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from(host).expect("a server name");
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .expect("TLS");
+    assert_eq!(
+        stream.get_ref().1.alpn_protocol(),
+        Some(&b"h2"[..]),
+        "the server speaks HTTP/2"
+    );
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let url = cfg.cluster_url.to_string();
+    (send, url.trim_end_matches('/').to_owned())
+}
+
+/// Starts one watch of `path` and returns its content type and body.
+async fn start_watch(
+    conn: &WatchConn,
+    path: &str,
+    accept: &str,
+) -> (Option<http::HeaderValue>, Chunks) {
+    match conn {
+        WatchConn::Kube(c) => {
+            let req = http::Request::get(path)
+                .header("accept", accept)
+                .body(Vec::new())
+                .expect("request");
+            let resp = c
+                .send(req.map(kube::client::Body::from))
+                .await
+                .expect("watch");
+            watch_body(resp)
+        }
+        WatchConn::H2(send, base) => {
+            let req = http::Request::get(format!("{base}{path}"))
+                .header("accept", accept)
+                .header("authorization", "Bearer bench-token")
+                .body(http_body_util::Empty::new())
+                .expect("request");
+            let resp = send.clone().send_request(req).await.expect("watch");
+            assert_eq!(resp.status(), 200, "the watch starts");
+            watch_body(resp)
+        }
+    }
+}
+
+/// A watch response's content type and its body's chunks.
+fn watch_body<B>(resp: http::Response<B>) -> (Option<http::HeaderValue>, Chunks)
+where
+    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Send,
+{
+    let ct = resp.headers().get("content-type").cloned();
+    let body = resp
+        .into_body()
+        .into_data_stream()
+        .filter_map(|c| async { c.ok() });
+    (ct, Box::pin(body))
+}
+
+enum WatchConn {
+    Kube(Client),
+    H2(H2Sender, String),
+}
+
 /// What one fan-out run measured.
 struct Fanout {
     watchers: usize,
+    transport: Transport,
     encoding: &'static str,
     rss_kib_per_watcher: f64,
     latency_p50: Duration,
@@ -184,6 +309,7 @@ async fn fanout(
     sim: &Sim,
     c: &Client,
     watchers: usize,
+    transport: Transport,
     encoding: &'static str,
     round: usize,
 ) -> Fanout {
@@ -196,26 +322,29 @@ async fn fanout(
     let rss_before = rss_kib(pid);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Instant)>(watchers * (UPDATES + 2));
     let mut tasks = Vec::new();
+    let mut conn = None;
     for i in 0..watchers {
-        let c = client(&sim.kubeconfig).await;
+        if transport == Transport::Http1 || i % H2_STREAMS_PER_CONNECTION == 0 {
+            conn = Some(Arc::new(match transport {
+                Transport::Http1 => WatchConn::Kube(client(&sim.kubeconfig).await),
+                Transport::Http2 => {
+                    let (send, base) = h2_connection(&sim.kubeconfig).await;
+                    WatchConn::H2(send, base)
+                }
+            }));
+        }
+        let conn = conn.clone().expect("a connection");
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move {
             let path = "/apis/discovery.k8s.io/v1/namespaces/prod/endpointslices?watch=true&fieldSelector=metadata.name%3Dbench-00000&timeoutSeconds=600";
-            let req = http::Request::get(path)
-                .header("accept", accept)
-                .body(Vec::new())
-                .expect("request");
-            let resp = c.send(req.map(kube::client::Body::from)).await.expect("watch");
+            let (content_type, mut body) = start_watch(&conn, path, accept).await;
             let mut counter = FrameCounter {
-                protobuf: resp
-                    .headers()
-                    .get("content-type")
+                protobuf: content_type
                     .is_some_and(|v| v.as_bytes().starts_with(b"application/vnd.kubernetes.protobuf")),
                 ..Default::default()
             };
             assert_eq!(counter.protobuf, encoding == "protobuf", "the encoding asked for");
-            let mut body = resp.into_body().into_data_stream();
-            while let Some(Ok(chunk)) = body.next().await {
+            while let Some(chunk) = body.next().await {
                 for _ in 0..counter.feed(&chunk) {
                     if tx.send((i, Instant::now())).await.is_err() {
                         return;
@@ -261,6 +390,7 @@ async fn fanout(
     }
     Fanout {
         watchers,
+        transport,
         encoding,
         rss_kib_per_watcher,
         latency_p50: percentile(&mut latencies, 0.5),
@@ -383,15 +513,20 @@ async fn main() {
     drop((c, sim));
     // 100, 1,000 and 5,000 watchers of one slice, JSON and protobuf.
     let mut runs = Vec::new();
-    for (round, &n) in WATCHER_COUNTS.iter().enumerate() {
+    let plan = WATCHER_COUNTS
+        .iter()
+        .map(|&n| (n, Transport::Http1))
+        .chain(H2_WATCHER_COUNTS.iter().map(|&n| (n, Transport::Http2)));
+    for (round, (n, transport)) in plan.enumerate() {
         for encoding in ["json", "protobuf"] {
             // Each run in a kube-sim of its own: memory an earlier run freed would otherwise
             // hide what this one's watchers cost.
             let (sim, c) = filled_sim(&out_dir).await;
-            let f = fanout(&sim, &c, n, encoding, round).await;
+            let f = fanout(&sim, &c, n, transport, encoding, round).await;
             drop(sim);
             println!(
-                "{n} watchers, {encoding}: {:.1} KiB per idle watcher (target <= 8 KiB); PATCH to last watcher median {:.1} ms, p99 {:.1} ms; first to last watcher median {:.1} ms (target <= 8 ms); server CPU {:.1} us per delivered event (target <= 8 us; includes the PATCH)",
+                "{n} watchers over {}, {encoding}: {:.1} KiB per idle watcher (target <= 8 KiB); PATCH to last watcher median {:.1} ms, p99 {:.1} ms; first to last watcher median {:.1} ms (target <= 8 ms); server CPU {:.1} us per delivered event (target <= 8 us; includes the PATCH)",
+                transport.name(),
                 f.rss_kib_per_watcher,
                 ms(f.latency_p50),
                 ms(f.latency_p99),
@@ -406,7 +541,8 @@ async fn main() {
         .iter()
         .map(|f| {
             serde_json::json!({
-                "watchers": f.watchers, "encoding": f.encoding, "updates": UPDATES,
+                "watchers": f.watchers, "transport": f.transport.name(),
+                "encoding": f.encoding, "updates": UPDATES,
                 "latency_median_ms": ms(f.latency_p50), "latency_p99_ms": ms(f.latency_p99),
                 "spread_median_ms": ms(f.spread_p50), "spread_target_ms": 8,
                 "server_cpu_us_per_event": f.cpu_us_per_event, "cpu_target_us": 8,
