@@ -219,12 +219,22 @@ async fn a_broken_link_harms_no_other_and_holds_readiness() {
         .iter()
         .find(|l| l.name == "broken")
         .expect("broken link");
-    assert_eq!(broken.state.borrow().phase, Phase::Degraded);
+    // The link says "connecting to the remote" until its first attempt fails: wait for that.
+    let mut state = broken.state.clone();
+    // The guard `wait_for` returns is dropped at once: holding it while borrowing again could
+    // deadlock against the link's next update.
+    let failed = tokio::time::timeout(
+        Duration::from_secs(10),
+        state.wait_for(|s| s.message.contains("kubeconfig")),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
     assert!(
-        broken.state.borrow().message.contains("kubeconfig"),
-        "{}",
+        failed,
+        "the broken link names its kubeconfig: {}",
         broken.state.borrow().message
     );
+    assert_eq!(broken.state.borrow().phase, Phase::Degraded);
     // kube-rs retries 503s by itself; ask once, by hand.
     let token = std::fs::read_to_string(dir.path().join("state/tokens/broken")).expect("token");
     let answer = https_get(
