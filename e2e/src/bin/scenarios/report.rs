@@ -142,48 +142,56 @@ pub fn facade_figures(target: &Path, out: &mut Vec<Figure>) {
         return;
     };
     let n = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
-    let mut row = |what: &str, value: String, target: &str, met: bool| {
-        out.push(Figure::own(what, value, target, Some(met)))
+    let mut row = |what: &str, value: String, target: &str, met: Option<bool>| {
+        out.push(Figure::own(what, value, target, met))
     };
     let sync = n(&f["initial_sync"]["median_ms"]);
     row(
         "initial sync (streaming list) of 10,000 EndpointSlices to a kube-rs watcher",
         format!("{sync:.0} ms"),
         "<= 500 ms",
-        sync <= 500.0,
+        Some(sync <= 500.0),
     );
-    let list = n(&f["list"]["median_ms"]);
-    row(
-        &format!(
-            "LIST of 10,000 EndpointSlices ({:.0} MB of JSON), warm, over TLS",
-            n(&f["list"]["bytes"]) / 1e6
-        ),
-        format!("{list:.1} ms"),
-        "<= 100 ms",
-        list <= 100.0,
-    );
-    let fan = &f["fanout"];
-    let lat = n(&fan["latency_median_ms"]);
-    row(
-        "fan-out: one update reaches 1,000 watchers (median)",
-        format!("{lat:.1} ms (p99 {:.1} ms)", n(&fan["latency_p99_ms"])),
-        "<= 10 ms",
-        lat <= 10.0,
-    );
-    let cpu = n(&fan["server_cpu_us_per_event"]);
-    row(
-        "fan-out: server CPU per delivered event",
-        format!("{cpu:.1} us"),
-        "<= 5 us",
-        cpu <= 5.0,
-    );
-    let idle = n(&fan["server_rss_kib_per_idle_watcher"]);
-    row(
-        "fan-out: memory per idle watcher",
-        format!("{idle:.1} KiB"),
-        "<= 16 KiB",
-        idle <= 16.0,
-    );
+    for encoding in ["json", "protobuf"] {
+        let l = &f["list"]["encodings"][encoding];
+        let ms = n(&l["median_ms"]);
+        row(
+            &format!(
+                "LIST of 10,000 EndpointSlices as {encoding} ({:.1} MB), warm, over TLS (median)",
+                n(&l["bytes"]) / 1e6
+            ),
+            format!("{ms:.1} ms"),
+            "<= 30 ms",
+            Some(ms <= 30.0),
+        );
+    }
+    // The design's fan-out targets are for 1,000 watchers; the other counts are reported.
+    for fan in f["fanout"].as_array().into_iter().flatten() {
+        let watchers = fan["watchers"].as_u64().unwrap_or_default();
+        let who = format!(
+            "fan-out, {watchers} watchers over {}, {}",
+            fan["transport"].as_str().unwrap_or("?"),
+            fan["encoding"].as_str().unwrap_or("?")
+        );
+        let (spread, cpu, idle) = (
+            n(&fan["spread_median_ms"]),
+            n(&fan["server_cpu_us_per_event"]),
+            n(&fan["server_rss_kib_per_idle_watcher"]),
+        );
+        let value = format!(
+            "first to last watcher {spread:.1} ms; {cpu:.1} us CPU per event; {idle:.1} KiB per idle watcher"
+        );
+        if watchers == 1_000 {
+            row(
+                &who,
+                value,
+                "<= 8 ms; <= 8 us; <= 8 KiB",
+                Some(spread <= 8.0 && cpu <= 8.0 && idle <= 8.0),
+            );
+        } else {
+            row(&who, value, "(reported)", None);
+        }
+    }
 }
 
 pub fn markdown(machine: &Value, figures: &[Figure]) -> String {
@@ -211,4 +219,64 @@ pub fn markdown(machine: &Value, figures: &[Figure]) -> String {
     }
     md.push_str("\nReproduce with `make bench`.\n");
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The facade rows read what the facade benchmark writes (`e2e/benches/facade.rs`): a
+    /// change of its shape that this reader misses shows as NaN in the report.
+    #[test]
+    fn facade_rows_read_the_facade_benchmarks_report() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir_all(dir.path().join("floodgate-bench")).expect("dir");
+        let fan = |watchers: u64, transport: &str, spread: f64| {
+            json!({"watchers": watchers, "transport": transport, "encoding": "json",
+                   "spread_median_ms": spread, "server_cpu_us_per_event": 7.5,
+                   "server_rss_kib_per_idle_watcher": 6.1})
+        };
+        let report = json!({
+            "initial_sync": {"median_ms": 646.0},
+            "list": {"encodings": {
+                "json": {"bytes": 23_899_684, "median_ms": 25.3},
+                "protobuf": {"bytes": 8_579_636, "median_ms": 7.3},
+            }},
+            "fanout": [fan(100, "HTTP/1.1", 0.7), fan(1_000, "HTTP/2", 6.2), fan(1_000, "HTTP/1.1", 10.6)],
+        });
+        std::fs::write(
+            dir.path().join("floodgate-bench/facade.json"),
+            report.to_string(),
+        )
+        .expect("write");
+        let mut rows = Vec::new();
+        facade_figures(dir.path(), &mut rows);
+        let got: Vec<_> = rows.iter().map(|r| (r.floodgate.as_str(), r.met)).collect();
+        assert!(rows.iter().all(|r| !r.floodgate.contains("NaN")), "{got:?}");
+        assert_eq!(
+            got,
+            [
+                ("646 ms", Some(false)),
+                ("25.3 ms", Some(true)),
+                ("7.3 ms", Some(true)),
+                (
+                    "first to last watcher 0.7 ms; 7.5 us CPU per event; 6.1 KiB per idle watcher",
+                    None
+                ),
+                (
+                    "first to last watcher 6.2 ms; 7.5 us CPU per event; 6.1 KiB per idle watcher",
+                    Some(true)
+                ),
+                (
+                    "first to last watcher 10.6 ms; 7.5 us CPU per event; 6.1 KiB per idle watcher",
+                    Some(false)
+                ),
+            ]
+        );
+        assert!(
+            rows[1].what.contains("as json (23.9 MB)"),
+            "{}",
+            rows[1].what
+        );
+    }
 }
