@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use floodgate::kubeapi::ApiStore;
-use floodgate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
+use floodgate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL, SliceObject};
 use k8s_openapi::api::core::v1::{
     ContainerStatus, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference,
     Pod, PodStatus, Service, ServicePort, ServiceSpec,
@@ -288,7 +288,7 @@ impl Cluster {
                     }
                 })
                 .collect();
-            Object::EndpointSlice(Arc::new(EndpointSlice {
+            Object::EndpointSlice(Arc::new(SliceObject::from(EndpointSlice {
                 address_type: "IPv4".into(),
                 endpoints: Some(endpoints),
                 metadata: self.meta(&format!("{name}-{n:05}"), labels.clone()),
@@ -298,7 +298,7 @@ impl Cluster {
                     protocol: Some("TCP".into()),
                     ..Default::default()
                 }]),
-            }))
+            })))
         });
         self.store.apply(slices.collect::<Vec<_>>());
     }
@@ -371,17 +371,19 @@ impl Cluster {
             if !svc.slice_annotations.is_empty() {
                 metadata.annotations = Some(svc.slice_annotations.clone());
             }
-            objects.push(Object::EndpointSlice(Arc::new(EndpointSlice {
-                address_type: "IPv4".into(),
-                endpoints: Some(endpoints),
-                metadata,
-                ports: Some(vec![discovery::EndpointPort {
-                    name: Some("http".into()),
-                    port: Some(8080),
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
-            })));
+            objects.push(Object::EndpointSlice(Arc::new(SliceObject::from(
+                EndpointSlice {
+                    address_type: "IPv4".into(),
+                    endpoints: Some(endpoints),
+                    metadata,
+                    ports: Some(vec![discovery::EndpointPort {
+                        name: Some("http".into()),
+                        port: Some(8080),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    }]),
+                },
+            ))));
         }
         let stale: Vec<ObjKey> = (wanted..svc.slices)
             .map(|n| ObjKey {

@@ -347,7 +347,8 @@ fn injector_served(stack: &Stack) -> Vec<(String, Vec<String>)> {
         .filter_map(|s| match &s.object {
             floodgate::model::Object::EndpointSlice(e) => {
                 let name = e.metadata.name.clone()?;
-                name.starts_with("injector").then(|| (name, addresses(e)))
+                name.starts_with("injector")
+                    .then(|| (name, addresses(&e.to_slice())))
             }
             _ => None,
         })

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use floodgate::churn::{Change, Engine};
-use floodgate::model::{Kind, Object, SERVICE_NAME_LABEL};
+use floodgate::model::{Kind, Object, SERVICE_NAME_LABEL, SliceObject};
 use floodgate::upstream::wire::Wire;
 use floodgate::upstream::{MAX_OBJECT_BYTES, encoded_len};
 use floodgate::view::View;
@@ -59,7 +59,7 @@ fn slice(svc: usize, ready: bool) -> Object {
             ..Default::default()
         })
         .collect();
-    Object::EndpointSlice(Arc::new(EndpointSlice {
+    Object::EndpointSlice(Arc::new(SliceObject::from(EndpointSlice {
         address_type: "IPv4".into(),
         endpoints: Some(eps),
         metadata: meta(
@@ -67,7 +67,7 @@ fn slice(svc: usize, ready: bool) -> Object {
             &[(SERVICE_NAME_LABEL, &format!("s{svc}"))],
         ),
         ports: None,
-    }))
+    })))
 }
 
 fn bench(c: &mut Criterion) {
@@ -177,11 +177,12 @@ fn frame(svc: usize, ready: bool, rv: usize) -> Vec<u8> {
     line
 }
 
-/// A frame decoded as the EndpointSlice watcher does: typed, size counted by encoding it.
+/// A frame decoded as the EndpointSlice watcher does: typed, size counted by encoding it, then
+/// held with its endpoints as their JSON.
 fn decode(line: &[u8]) -> Option<Object> {
     match serde_json::from_slice::<WatchEvent<EndpointSlice>>(line) {
         Ok(WatchEvent::Modified(s)) if encoded_len(&s) <= MAX_OBJECT_BYTES => {
-            Some(Object::EndpointSlice(Arc::new(s)))
+            Some(Object::EndpointSlice(Arc::new(s.into())))
         }
         _ => None,
     }
@@ -190,9 +191,10 @@ fn decode(line: &[u8]) -> Option<Object> {
 /// A frame decoded as the pod watcher does: kept as JSON, size checked, then typed.
 fn decode_kept(line: &[u8]) -> Option<Object> {
     match serde_json::from_slice::<WatchEvent<Wire<EndpointSlice>>>(line) {
-        Ok(WatchEvent::Modified(w)) if w.bytes() <= MAX_OBJECT_BYTES => {
-            w.decode().ok().map(|s| Object::EndpointSlice(Arc::new(s)))
-        }
+        Ok(WatchEvent::Modified(w)) if w.bytes() <= MAX_OBJECT_BYTES => w
+            .decode()
+            .ok()
+            .map(|s| Object::EndpointSlice(Arc::new(s.into()))),
         _ => None,
     }
 }

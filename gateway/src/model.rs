@@ -8,9 +8,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+
+mod slice;
+
+pub use slice::{SliceEndpoint, SliceObject};
 
 /// The label the EndpointSlice controller puts on a slice: the name of its service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -221,7 +224,7 @@ pub enum Object {
     /// A service.
     Service(Arc<Service>),
     /// An EndpointSlice.
-    EndpointSlice(Arc<EndpointSlice>),
+    EndpointSlice(Arc<SliceObject>),
     /// A core/v1 Endpoints.
     Endpoints(Arc<Endpoints>),
     /// A pod.
@@ -350,34 +353,12 @@ pub enum Group {
 }
 
 /// The service an EndpointSlice belongs to, from its `kubernetes.io/service-name` label.
-pub fn slice_service(slice: &EndpointSlice) -> Option<NsName> {
+pub fn slice_service(slice: &SliceObject) -> Option<NsName> {
     let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
     Some(NsName::new(
         slice.metadata.namespace.as_deref().unwrap_or_default(),
         name,
     ))
-}
-
-/// The pods an EndpointSlice's endpoints point at.
-pub fn slice_pods(slice: &EndpointSlice) -> impl Iterator<Item = NsName> + '_ {
-    slice
-        .endpoints
-        .iter()
-        .flatten()
-        .filter_map(|e| pod_ref(e.target_ref.as_ref()?, &slice.metadata))
-}
-
-/// The pods an EndpointSlice's endpoints point at, as borrowed `(namespace, name)` pairs: cheap
-/// enough to compare two states of a slice on every event.
-pub fn slice_pod_refs(slice: &EndpointSlice) -> impl Iterator<Item = (&str, &str)> + '_ {
-    let owner = slice.metadata.namespace.as_deref().unwrap_or_default();
-    slice.endpoints.iter().flatten().filter_map(move |e| {
-        let r = e.target_ref.as_ref()?;
-        if r.kind.as_deref() != Some("Pod") {
-            return None;
-        }
-        Some((r.namespace.as_deref().unwrap_or(owner), r.name.as_deref()?))
-    })
 }
 
 /// The pods a core/v1 Endpoints' addresses point at.

@@ -15,7 +15,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+
+use crate::model::SliceObject;
 
 /// An endpoint's identity within a service: its addresses.
 pub type EndpointKey = String;
@@ -24,7 +25,7 @@ pub type EndpointKey = String;
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Capped {
     /// The slices to publish (slices the cap emptied are left out).
-    pub slices: Vec<Arc<EndpointSlice>>,
+    pub slices: Vec<Arc<SliceObject>>,
     /// The core/v1 Endpoints to publish, if the service has one.
     pub endpoints: Option<Arc<Endpoints>>,
     /// Keys of the endpoints published, across slices and Endpoints.
@@ -33,15 +34,6 @@ pub struct Capped {
     pub total: usize,
     /// Endpoints withheld by the cap.
     pub truncated: usize,
-}
-
-/// The key of a slice endpoint.
-pub fn slice_endpoint_key(e: &Endpoint) -> EndpointKey {
-    e.addresses.join(",")
-}
-
-fn is_ready(e: &Endpoint) -> bool {
-    e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
 }
 
 /// Picks at most `max` of `candidates` (key, ready), preferring ready, then those in `previous`,
@@ -73,7 +65,7 @@ pub fn choose<'a>(
 
 /// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous`.
 pub fn cap(
-    slices: &[Arc<EndpointSlice>],
+    slices: &[Arc<SliceObject>],
     endpoints: Option<&Arc<Endpoints>>,
     previous: &HashSet<EndpointKey>,
     max: usize,
@@ -95,43 +87,35 @@ pub fn cap(
     let listed: HashSet<&str> = addrs.iter().map(|(ip, _)| ip.as_str()).collect();
 
     // Slices: the same address may appear in two slices (dual-stack uses one per family).
-    let keyed: Vec<(EndpointKey, bool)> = slices
-        .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
-        .map(|e| (slice_endpoint_key(e), is_ready(e)))
-        .collect();
     let (chosen, distinct) = choose(
-        keyed.iter().map(|(k, r)| (k.as_str(), *r)),
+        slices
+            .iter()
+            .flat_map(|s| s.endpoints())
+            .map(|e| (e.key(), e.is_ready())),
         previous,
         &listed,
         max,
     );
-    let chosen: HashSet<String> = chosen.into_iter().map(str::to_owned).collect();
     out.total = distinct;
     out.truncated = out.total.saturating_sub(chosen.len());
     for slice in slices {
-        let eps = slice.endpoints.as_deref().unwrap_or_default();
-        let kept: Vec<Endpoint> = eps
-            .iter()
-            .filter(|e| chosen.contains(&slice_endpoint_key(e)))
-            .cloned()
-            .collect();
-        if kept.len() == eps.len() {
+        let eps = slice.endpoints();
+        let kept = eps.iter().filter(|e| chosen.contains(e.key())).count();
+        if kept == eps.len() {
             out.slices.push(slice.clone());
-        } else if !kept.is_empty() {
-            let mut s = EndpointSlice::clone(slice);
-            s.endpoints = Some(kept);
-            out.slices.push(Arc::new(s));
+        } else if kept > 0 {
+            out.slices
+                .push(Arc::new(slice.retain(|e| chosen.contains(e.key()))));
         }
     }
-    let in_slices: HashSet<&str> = chosen.iter().map(String::as_str).collect();
+    let in_slices = &chosen;
 
     // core/v1 Endpoints: the same rule over its addresses, preferring the slices' choice.
     if let Some(ep) = endpoints {
         let (chosen, distinct) = choose(
             addrs.iter().map(|(k, r)| (k.as_str(), *r)),
             previous,
-            &in_slices,
+            in_slices,
             max,
         );
         if slices.is_empty() {
@@ -160,14 +144,14 @@ pub fn cap(
         }
         out.published.extend(chosen.into_iter().map(str::to_owned));
     }
-    out.published.extend(chosen);
+    out.published.extend(chosen.into_iter().map(str::to_owned));
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::discovery::v1::EndpointConditions;
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 
     fn mk_endpoint(ip: &str, ready: bool) -> Endpoint {
         Endpoint {
@@ -180,8 +164,8 @@ mod tests {
         }
     }
 
-    fn mk_slice(name: &str, eps: &[(&str, bool)]) -> Arc<EndpointSlice> {
-        Arc::new(EndpointSlice {
+    fn mk_slice(name: &str, eps: &[(&str, bool)]) -> Arc<SliceObject> {
+        Arc::new(SliceObject::from(EndpointSlice {
             address_type: "IPv4".into(),
             endpoints: Some(eps.iter().map(|(ip, r)| mk_endpoint(ip, *r)).collect()),
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -190,7 +174,7 @@ mod tests {
                 ..Default::default()
             },
             ports: None,
-        })
+        }))
     }
 
     fn ips(c: &Capped) -> Vec<String> {

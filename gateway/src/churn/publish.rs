@@ -380,7 +380,7 @@ fn desired_service(
     let mut objects = vec![Object::Service(annotated(service, &capped))];
     let mut pods: BTreeSet<NsName> = BTreeSet::new();
     for s in &capped.slices {
-        pods.extend(model::slice_pods(s));
+        pods.extend(s.pod_refs());
         objects.push(Object::EndpointSlice(s.clone()));
     }
     if let Some(ep) = &capped.endpoints {

@@ -14,12 +14,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Engine;
-use super::cap::slice_endpoint_key;
 use super::flood::Trigger;
 use super::publish::Published;
 use crate::model::{
     Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, endpoints_pods, pod_replicasets,
-    slice_pods, slice_service,
+    slice_service,
 };
 use crate::view::Change as ViewChange;
 
@@ -138,9 +137,9 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
         for slice in slices_by_service.get(&svc).into_iter().flatten() {
             p.objects.insert(slice.key());
             if let Object::EndpointSlice(s) = slice {
-                p.pods.extend(slice_pods(s));
+                p.pods.extend(s.pod_refs());
                 p.endpoints
-                    .extend(s.endpoints.iter().flatten().map(slice_endpoint_key));
+                    .extend(s.endpoints().iter().map(|e| e.key().to_owned()));
             }
         }
         if let Some(ep @ Object::Endpoints(e)) = objects.get(&key(Kind::Endpoints, svc.clone())) {

@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
 use crate::model::{
-    Group, Kind, NsName, ObjKey, Object, PodObject, Server, pod_replicasets, slice_service,
+    Group, Kind, NsName, ObjKey, Object, PodObject, Server, SliceEndpoint, SliceObject,
+    pod_replicasets, slice_service,
 };
 
 /// What a change touched.
@@ -41,7 +41,7 @@ pub struct Store {
     /// spec, so this is a last defence): then nothing is selected rather than everything.
     selector: Option<Selector>,
     services: HashMap<NsName, Arc<Service>>,
-    slices: HashMap<NsName, Arc<EndpointSlice>>,
+    slices: HashMap<NsName, Arc<SliceObject>>,
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
     endpoints: HashMap<NsName, Arc<Endpoints>>,
     pods: HashMap<NsName, Arc<PodObject>>,
@@ -170,7 +170,7 @@ impl Store {
                 t.endpoints_changed = endpoints_changed(old.as_deref(), new.as_deref());
                 let old_svc = old.as_deref().and_then(slice_service);
                 let new_svc = new.as_deref().and_then(slice_service);
-                let count = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::len);
+                let count = |s: &SliceObject| s.endpoints().len();
                 if let (Some(n), Some(svc)) = (&new, &new_svc) {
                     *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
                     if old_svc.as_ref() != Some(svc) {
@@ -278,7 +278,7 @@ impl Store {
     }
 
     /// A service's slices, in name order.
-    pub fn slices_of(&self, svc: &NsName) -> Vec<Arc<EndpointSlice>> {
+    pub fn slices_of(&self, svc: &NsName) -> Vec<Arc<SliceObject>> {
         self.slices_by_service
             .get(svc)
             .into_iter()
@@ -324,13 +324,12 @@ impl Store {
 
 /// Endpoints that differ between two states of a slice: added, removed, or changed (matched
 /// by their first address; a new address is a removal and an addition).
-fn endpoints_changed(old: Option<&EndpointSlice>, new: Option<&EndpointSlice>) -> usize {
-    fn by_address(s: Option<&EndpointSlice>) -> HashMap<&str, &Endpoint> {
-        let endpoints = s.and_then(|s| s.endpoints.as_ref());
-        endpoints
-            .into_iter()
-            .flatten()
-            .map(|e| (e.addresses.first().map_or("", String::as_str), e))
+fn endpoints_changed(old: Option<&SliceObject>, new: Option<&SliceObject>) -> usize {
+    fn by_address(s: Option<&SliceObject>) -> HashMap<&str, &SliceEndpoint> {
+        s.map(SliceObject::endpoints)
+            .unwrap_or_default()
+            .iter()
+            .map(|e| (e.first_address(), e))
             .collect()
     }
     let (old, new) = (by_address(old), by_address(new));

@@ -13,7 +13,7 @@ use tokio::time::{self, Instant};
 
 use super::quarantine::{RequestError, State, StateName};
 use super::{Change, Effect, Engine};
-use crate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL};
+use crate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL, SliceObject};
 use crate::view::{Event, View};
 
 pub(crate) fn mk_spec() -> LinkSpec {
@@ -52,7 +52,7 @@ pub(crate) fn mk_service(name: &str, exported: bool) -> Object {
 
 /// A slice of `svc` whose endpoints are 10.<n>.x.y with ready flags; each points at pod `<svc>-<i>`.
 pub(crate) fn mk_slice(svc: &str, name: &str, eps: &[(u32, bool)]) -> Object {
-    Object::EndpointSlice(Arc::new(EndpointSlice {
+    Object::EndpointSlice(Arc::new(SliceObject::from(EndpointSlice {
         address_type: "IPv4".into(),
         metadata: meta(name, &[(SERVICE_NAME_LABEL, svc)]),
         endpoints: Some(
@@ -74,7 +74,7 @@ pub(crate) fn mk_slice(svc: &str, name: &str, eps: &[(u32, bool)]) -> Object {
                 .collect(),
         ),
         ports: None,
-    }))
+    })))
 }
 
 pub(crate) fn mk_pod(name: &str, phase: &str) -> Object {
@@ -304,10 +304,11 @@ async fn churn_beyond_the_cap_publishes_nothing() {
         let eps: Vec<(u32, bool)> = (0..10).map(|i| (i, i < 3)).collect();
         let mut slice = mk_slice("a", "a-1", &eps);
         if let Object::EndpointSlice(s) = &mut slice {
-            let s = Arc::make_mut(s);
-            for ep in s.endpoints.iter_mut().flatten().skip(3) {
+            let mut typed = s.to_slice();
+            for ep in typed.endpoints.iter_mut().flatten().skip(3) {
                 ep.conditions.get_or_insert_default().serving = Some(round.is_multiple_of(2));
             }
+            *s = Arc::new(typed.into());
         }
         apply(&mut e, slice);
         time::advance(Duration::from_millis(150)).await;

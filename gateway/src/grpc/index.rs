@@ -13,11 +13,10 @@ use std::sync::Arc;
 use floodgate_link_crd::Phase;
 use floodgate_proto::v1::EndpointSnapshot;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
 use super::snapshot;
-use crate::model::{Kind, NsName, Object, slice_service};
+use crate::model::{Kind, NsName, Object, SliceObject, slice_service};
 use crate::view::{Event, EventType, View};
 
 /// The view's Service and EndpointSlice feeds, followed together (the other kinds' changes
@@ -55,7 +54,7 @@ pub struct Index {
     only: Option<NsName>,
     services: BTreeMap<NsName, Arc<Service>>,
     /// Slices by their service, then by their name (the order snapshots list them in).
-    slices: HashMap<NsName, BTreeMap<Arc<str>, Arc<EndpointSlice>>>,
+    slices: HashMap<NsName, BTreeMap<Arc<str>, Arc<SliceObject>>>,
     /// Each indexed slice's service, to move or remove it when it changes.
     owner: HashMap<NsName, NsName>,
     /// Changes at or below these versions are already in the lists taken by `resync`.
@@ -126,7 +125,7 @@ impl Index {
         (rx, dirty)
     }
 
-    fn insert_slice(&mut self, slice: &Arc<EndpointSlice>) -> Option<NsName> {
+    fn insert_slice(&mut self, slice: &Arc<SliceObject>) -> Option<NsName> {
         let svc = slice_service(slice).filter(|s| self.covers(s))?;
         let id = NsName::of(&slice.metadata);
         self.slices

@@ -4,9 +4,8 @@
 use floodgate_link_crd::Phase;
 use floodgate_proto::v1::{Endpoint, EndpointSnapshot, Port};
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::model::NsName;
+use crate::model::{NsName, SliceObject};
 
 /// The annotation on a published Service that counts the endpoints the cap withheld.
 pub const TRUNCATED_ANNOTATION: &str = "floodgate.dev/endpoints-truncated";
@@ -20,7 +19,7 @@ pub const TOTAL_ANNOTATION: &str = "floodgate.dev/endpoints-total";
 pub fn build<'a>(
     id: &NsName,
     service: Option<&Service>,
-    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    slices: impl IntoIterator<Item = &'a SliceObject>,
     version: u64,
     phase: Phase,
 ) -> EndpointSnapshot {
@@ -50,10 +49,9 @@ pub fn build<'a>(
         let slice_ns = slice.metadata.namespace.as_deref().unwrap_or(&id.namespace);
         snap.endpoints.extend(
             slice
-                .endpoints
+                .endpoints()
                 .iter()
-                .flatten()
-                .map(|e| endpoint(e, slice_ns)),
+                .map(|e| endpoint(&e.decode(), slice_ns)),
         );
     }
     let annotation = |key: &str| {
@@ -149,8 +147,8 @@ pub(crate) mod tests {
         name: &str,
         service: &str,
         endpoints: Vec<discovery::Endpoint>,
-    ) -> EndpointSlice {
-        EndpointSlice {
+    ) -> SliceObject {
+        SliceObject::from(discovery::EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some(ns.into()),
@@ -165,7 +163,7 @@ pub(crate) mod tests {
                 protocol: Some("TCP".into()),
                 app_protocol: None,
             }]),
-        }
+        })
     }
 
     #[test]

@@ -18,17 +18,20 @@
 
 //!
 //! EndpointSlices and Endpoints are held whole (the cap chooses among all of a service's
-//! endpoints, and Linkerd reads nearly every field of a kept one), but with their vectors
-//! shrunk to their length: a decoder grows a vector by doubling from four, so a slice of 100
-//! endpoints held room for 128 (352 bytes each) and every one-address endpoint room for four.
-//! Every kept object's metadata (a ReplicaSet's is all Floodgate holds of it) has its owner
-//! references and finalizers shrunk the same way.
+//! endpoints, and Linkerd reads nearly every field of a kept one). A slice's endpoints are
+//! held as their JSON ([`crate::model::SliceObject`]); an Endpoints object's vectors are
+//! shrunk to their length: a decoder grows a vector by doubling from four, so a subset of 100
+//! addresses held room for 128 and every port list room for four. Every kept object's
+//! metadata (a ReplicaSet's is all Floodgate holds of it) has its owner references and
+//! finalizers shrunk the same way.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, EndpointSubset, Endpoints, Pod, PodSpec, PodStatus,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::model::SliceObject;
 
 /// The proxy container whose environment is kept.
 const PROXY: &str = "linkerd-proxy";
@@ -93,23 +96,10 @@ pub fn replica_set(mut m: ObjectMeta) -> ObjectMeta {
     m
 }
 
-/// `s` with every vector shrunk to its length.
-pub fn slice(mut s: EndpointSlice) -> EndpointSlice {
+/// `s` as it is held: its metadata's vectors shrunk, its endpoints as their JSON.
+pub fn slice(mut s: EndpointSlice) -> SliceObject {
     metadata(&mut s.metadata);
-    let endpoints = s.endpoints.iter_mut().flatten();
-    for e in endpoints {
-        e.addresses.shrink_to_fit();
-        if let Some(z) = e.hints.as_mut().and_then(|h| h.for_zones.as_mut()) {
-            z.shrink_to_fit();
-        }
-    }
-    if let Some(v) = &mut s.endpoints {
-        v.shrink_to_fit();
-    }
-    if let Some(p) = &mut s.ports {
-        p.shrink_to_fit();
-    }
-    s
+    s.into()
 }
 
 /// `e` with every vector shrunk to its length.
@@ -193,10 +183,7 @@ mod tests {
         let room = |s: &EndpointSlice| s.endpoints.as_ref().map_or(0, Vec::capacity);
         assert!(room(&s) > 100, "the decoder leaves room");
         let s = slice(s);
-        assert_eq!(room(&s), 100);
-        let held: Vec<_> = s.endpoints.iter().flatten().collect();
-        assert_eq!(held.len(), 100);
-        assert!(held.iter().all(|e| e.addresses.capacity() == 1));
+        assert_eq!(s.endpoints().len(), 100, "held as a boxed slice, no room");
         assert_eq!(s.ports.as_ref().map(Vec::capacity), Some(1));
         let owners = |m: &ObjectMeta| m.owner_references.as_ref().map(Vec::capacity);
         assert_eq!(owners(&s.metadata), Some(1));

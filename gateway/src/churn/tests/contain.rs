@@ -74,7 +74,7 @@ async fn a_flooding_service_is_contained_and_calm_services_keep_flowing() {
             loop {
                 let want = format!("10.0.{}.{}", ip / 256, ip % 256);
                 let seen = published_slice(&e, &format!("{name}-1")).is_some_and(|o| {
-                    matches!(o, Object::EndpointSlice(s) if s.endpoints.iter().flatten().any(|ep| ep.addresses == [want.clone()]))
+                    matches!(o, Object::EndpointSlice(s) if s.endpoints().iter().any(|ep| ep.key() == want))
                 });
                 if seen {
                     delays.push(waited);
@@ -206,11 +206,10 @@ async fn a_cold_start_during_a_flood_syncs_with_the_flooding_service_capped_and_
             _ => None,
         })
         .flat_map(|sl| {
-            sl.endpoints
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|ep| ep.conditions.and_then(|c| c.ready).unwrap_or(true))
+            sl.endpoints()
+                .iter()
+                .map(|ep| ep.is_ready())
+                .collect::<Vec<_>>()
         })
         .collect();
     assert_eq!(hot_endpoints.len(), 10, "capped");
@@ -299,7 +298,7 @@ async fn a_released_service_converges_and_requests_are_checked() {
         panic!("published")
     };
     assert_eq!(
-        s.endpoints.as_ref().map(Vec::len),
+        s.endpoints.as_ref().map(|e| e.len()),
         Some(1),
         "converged to upstream"
     );
@@ -340,7 +339,7 @@ async fn auto_release_rechecks_a_contained_service_with_backoff() {
     let Some(Object::EndpointSlice(s)) = published_slice(&e, "hot-1") else {
         panic!("published")
     };
-    assert_eq!(s.endpoints.as_ref().map(Vec::len), Some(1));
+    assert_eq!(s.endpoints.as_ref().map(|e| e.len()), Some(1));
     let reasons: Vec<&'static str> = e
         .take_effects()
         .into_iter()
@@ -405,7 +404,7 @@ async fn an_engine_that_does_not_decide_contains_nothing() {
         panic!("published")
     };
     assert_eq!(
-        s.endpoints.as_ref().map(Vec::len),
+        s.endpoints.as_ref().map(|e| e.len()),
         Some(3),
         "it flows, as the holder decided"
     );
@@ -445,7 +444,7 @@ async fn a_restored_containment_serves_its_saved_state() {
         panic!("published")
     };
     assert_eq!(
-        s.endpoints.as_ref().map(Vec::len),
+        s.endpoints.as_ref().map(|e| e.len()),
         Some(1),
         "the saved state"
     );

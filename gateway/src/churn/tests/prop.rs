@@ -15,7 +15,6 @@ use proptest::prelude::*;
 use tokio::time::{self, Instant};
 
 use super::*;
-use crate::model::slice_pods;
 
 const SERVICES: [&str; 3] = ["a", "b", "c"];
 const SLICES: [&str; 2] = ["x", "y"];
@@ -144,7 +143,7 @@ impl Remote {
                     continue;
                 }
                 out.insert(k.clone(), o.clone());
-                for pod in slice_pods(slice) {
+                for pod in slice.pod_refs() {
                     let pk = ObjKey {
                         kind: Kind::Pod,
                         id: pod,
