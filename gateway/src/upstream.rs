@@ -480,7 +480,8 @@ impl Watch<'_> {
         let index = kind_index(kind);
         // In the link's span (the caller's), so every line a watcher logs names its link.
         let span = tracing::Span::current();
-        tasks.spawn(tracing::Instrument::instrument(async move {
+        let scope = wanted.clone();
+        tasks.spawn(tracing::Instrument::instrument(wire::WANTED.scope(scope, async move {
             if let Gate::After(g) = &gate {
                 // Closed only when the upstream is dropped, and then this task is aborted too.
                 if let Ok(p) = g.acquire_many(OPENING_KINDS.len() as u32).await {
@@ -579,7 +580,7 @@ impl Watch<'_> {
                     return; // The link is gone.
                 }
             }
-        }, span));
+        }), span));
     }
 }
 

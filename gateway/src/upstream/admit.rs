@@ -35,6 +35,10 @@ pub enum Refused {
         /// The size of its JSON.
         bytes: usize,
     },
+    /// It was not wanted when it was decoded, so only its identity was kept
+    /// ([`super::wire::WANTED`]); it became wanted since, and the fetch that wanting it asks
+    /// for brings it.
+    Unwanted,
     /// Its JSON is valid but not of its kind's shape.
     Undecodable {
         /// The object.
@@ -65,6 +69,9 @@ pub(super) fn wired<K: kube::Resource + serde::de::DeserializeOwned>(
     wrap: impl FnOnce(K) -> Object,
 ) -> Result<Object, Refused> {
     let object = || NsName::of(kube::Resource::meta(&w));
+    if w.is_skipped() {
+        return Err(Refused::Unwanted);
+    }
     match w.bytes() {
         bytes if bytes > MAX_OBJECT_BYTES => Err(Refused::Oversized {
             object: object(),
@@ -93,6 +100,9 @@ pub(super) fn refuse(kind: Kind, why: Refused, counters: &UpstreamCounters) {
                 limit = MAX_OBJECT_BYTES,
                 "refused an upstream object over the size limit"
             );
+        }
+        Refused::Unwanted => {
+            counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
         }
         Refused::Undecodable { object, error } => {
             counters.decode_errors.fetch_add(1, Ordering::Relaxed);

@@ -23,30 +23,54 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, Error as _};
 
+use super::wanted::WantedPods;
+
 /// One upstream object of kind `K`: its JSON, and the metadata the watcher needs (name,
 /// namespace, resourceVersion).
 pub struct Wire<K> {
     metadata: ObjectMeta,
-    json: Box<str>,
+    /// `None` when the object was not wanted as it was decoded ([`WANTED`]).
+    json: Option<Box<str>>,
     kind: PhantomData<fn() -> K>,
 }
 
+tokio::task_local! {
+    /// The objects worth keeping, for the task decoding them: the pod watcher runs in its
+    /// scope, so a list body's pods that nobody wants are dropped as the body decodes, instead
+    /// of all being held as JSON until the watcher has yielded each (a one-body list of 50,000
+    /// pods held 35 MB of them at once, and the pods kept meanwhile pinned those pages after
+    /// they were freed). Outside a scope (the fetches, the benchmarks) everything is kept.
+    /// Correct for the reasons [`super::wanted`] gives: a pod skipped just before it became
+    /// wanted is covered by the fetch the engine asks for after wanting it.
+    pub static WANTED: Option<WantedPods>;
+}
+
 impl<K> Wire<K> {
-    /// The object's JSON, compact.
+    /// The object's JSON, compact; empty when it was skipped.
     pub fn json(&self) -> &str {
-        &self.json
+        self.json.as_deref().unwrap_or_default()
     }
 
-    /// The size of the object's JSON, compact.
+    /// The size of the object's JSON, compact (0 when it was skipped).
     pub fn bytes(&self) -> usize {
-        self.json.len()
+        self.json().len()
+    }
+
+    /// True when the object was not wanted as it was decoded, so only its identity was kept.
+    pub fn is_skipped(&self) -> bool {
+        self.json.is_none()
     }
 }
 
 impl<K: DeserializeOwned> Wire<K> {
-    /// The typed object.
+    /// The typed object (an error for a skipped one: it has no JSON left).
     pub fn decode(&self) -> serde_json::Result<K> {
-        serde_json::from_str(&self.json)
+        match &self.json {
+            Some(json) => serde_json::from_str(json),
+            None => Err(serde_json::Error::custom(
+                "the object was skipped as unwanted",
+            )),
+        }
     }
 }
 
@@ -82,9 +106,14 @@ impl<'de, K> Deserialize<'de> for Wire<K> {
             resource_version: meta.and_then(|m| m.resource_version),
             ..ObjectMeta::default()
         };
+        let ns = metadata.namespace.as_deref().unwrap_or_default();
+        let name = metadata.name.as_deref().unwrap_or_default();
+        let wanted = WANTED
+            .try_with(|w| w.as_ref().is_none_or(|w| w.contains(ns, name)))
+            .unwrap_or(true);
         Ok(Self {
             metadata,
-            json,
+            json: wanted.then_some(json),
             kind: PhantomData,
         })
     }
@@ -159,6 +188,7 @@ mod tests {
     use kube::{Resource, ResourceExt};
 
     use super::*;
+    use crate::model::NsName;
 
     const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-0","namespace":"prod","resourceVersion":"42","labels":{"app":"web"}},"spec":{"containers":[{"name":"app","image":"web:1"}]},"status":{"podIP":"10.0.0.7"}}"#;
 
@@ -232,6 +262,42 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// In the pod watcher's scope, a list's unwanted pods keep only their identity as the body
+    /// decodes; wanted ones, and every one outside the scope, keep their JSON.
+    #[tokio::test]
+    async fn in_a_wanted_scope_unwanted_objects_are_dropped_as_they_decode() {
+        let other = POD.replace("web-0", "web-1");
+        let body = format!(r#"{{"kind":"PodList","metadata":{{}},"items":[{POD},{other}]}}"#);
+        let decode = || serde_json::from_str::<ObjectList<Wire<Pod>>>(&body).expect("a list");
+        let wanted = WantedPods::default();
+        wanted.insert(NsName::new("prod", "web-0"));
+        let list = WANTED.scope(Some(wanted.clone()), async { decode() }).await;
+        let [kept, skipped] = &list.items[..] else {
+            panic!("two items")
+        };
+        assert!(!kept.is_skipped());
+        assert_eq!(kept.json(), POD);
+        assert!(skipped.is_skipped());
+        assert_eq!(skipped.name_any(), "web-1", "its identity stays");
+        assert_eq!(skipped.resource_version().as_deref(), Some("42"));
+        assert_eq!(skipped.bytes(), 0);
+        assert!(skipped.decode().is_err(), "nothing left to decode");
+        // Wanted since (the race): refused as unwanted, not as undecodable; the fetch brings it.
+        let admitted = super::super::admit::wired(skipped.clone(), |p| {
+            crate::model::Object::Pod(std::sync::Arc::new(p.into()))
+        });
+        assert!(matches!(
+            admitted,
+            Err(super::super::admit::Refused::Unwanted)
+        ));
+        let outside = decode();
+        assert!(outside.items.iter().all(|w| !w.is_skipped()));
+        let everything = WANTED
+            .scope(Some(WantedPods::everything()), async { decode() })
+            .await;
+        assert!(everything.items.iter().all(|w| !w.is_skipped()));
     }
 
     #[test]
