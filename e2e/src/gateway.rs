@@ -170,3 +170,16 @@ pub async fn client_from(yaml: &str) -> anyhow::Result<kube::Client> {
         .await?;
     Ok(kube::Client::try_from(cfg)?)
 }
+
+/// A GET of `path` through `client`, accepting `accept`, as the raw response: for a watch's
+/// frames and content types, which kube-rs's typed calls do not show.
+pub async fn raw_get(
+    client: &kube::Client,
+    path: &str,
+    accept: &str,
+) -> anyhow::Result<hyper::Response<kube::client::Body>> {
+    let req = hyper::Request::get(path)
+        .header("accept", accept)
+        .body(kube::client::Body::from(Vec::new()))?;
+    Ok(client.send(req).await?)
+}

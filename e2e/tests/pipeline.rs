@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use floodgate::kubeapi::review::client_go_body;
 use floodgate_e2e::drivers::{Cluster, EXPORTED};
-use floodgate_e2e::gateway::Stack;
+use floodgate_e2e::gateway::{Stack, raw_get};
 use floodgate_e2e::sim::SimStore;
 use floodgate_link_crd::{KubeDuration, Phase};
 use futures_util::StreamExt;
@@ -45,12 +45,7 @@ async fn send(
 /// JSON, or length-delimited protobuf `WatchEvent`s.
 async fn streaming_list(c: &Client, path: &str, accept: &str) -> usize {
     let q = "allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&sendInitialEvents=true&timeout=9m47s&timeoutSeconds=587&watch=true";
-    let req = http::Request::get(format!("{path}?{q}"))
-        .header("accept", accept)
-        .body(Vec::new())
-        .expect("request");
-    let resp = c
-        .send(req.map(kube::client::Body::from))
+    let resp = raw_get(c, &format!("{path}?{q}"), accept)
         .await
         .expect("watch");
     assert_eq!(resp.status(), 200, "{path}");

@@ -67,13 +67,8 @@ async fn sigterm_drains(mode: Mode) {
         .await
         .expect("LIST");
     let rv = list.metadata.resource_version.expect("a list version");
-    let req = http::Request::get(format!(
-        "/api/v1/services?watch=true&allowWatchBookmarks=true&resourceVersion={rv}"
-    ))
-    .body(Vec::new())
-    .expect("request");
-    let resp = client
-        .send(req.map(kube::client::Body::from))
+    let path = format!("/api/v1/services?watch=true&allowWatchBookmarks=true&resourceVersion={rv}");
+    let resp = floodgate_e2e::gateway::raw_get(&client, &path, "application/json")
         .await
         .expect("watch");
     assert_eq!(resp.status(), 200);

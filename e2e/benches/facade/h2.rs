@@ -65,12 +65,7 @@ pub async fn start_watch(
 ) -> (Option<http::HeaderValue>, Chunks) {
     match conn {
         WatchConn::Kube(c) => {
-            let req = http::Request::get(path)
-                .header("accept", accept)
-                .body(Vec::new())
-                .expect("request");
-            let resp = c
-                .send(req.map(kube::client::Body::from))
+            let resp = floodgate_e2e::gateway::raw_get(c, path, accept)
                 .await
                 .expect("watch");
             watch_body(resp)
