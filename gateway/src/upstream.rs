@@ -34,6 +34,7 @@
 //! its list or stream goes on.
 
 mod admit;
+mod body;
 mod fetch;
 pub mod health;
 pub mod strategy;
@@ -152,8 +153,9 @@ pub const WATCH_TIMEOUT_SECS: u32 = 60;
 /// a list or a GET that stalled mid-body. Set by [`client`].
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
 
-/// The client of a link's remote, from its kubeconfig's `cfg`, with the two settings every
-/// link needs, whichever mode built `cfg`:
+/// The client of a link's remote, from its kubeconfig's `cfg`, with what every link needs,
+/// whichever mode built `cfg`:
+/// - list and GET bodies read into one buffer as they arrive ([`body::Contiguous`]);
 /// - [`READ_TIMEOUT`], so a list or GET that stalls mid-body is given up;
 /// - no retries inside the client. kube-rs retries 429, 503 and 504 up to 15 times by default,
 ///   with waits that grow to minutes; the watchers have their own backoff, and a 504 on a
@@ -163,7 +165,9 @@ pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
     cfg.read_timeout = Some(READ_TIMEOUT);
     cfg.reset_reader_on_write = true;
     cfg.default_retry = false;
-    Client::try_from(cfg)
+    Ok(kube::client::ClientBuilder::try_from(cfg)?
+        .with_layer(&body::ContiguousLayer)
+        .build())
 }
 
 /// The watchers' reconnect backoff: the first wait, the longest, and how long without an error
