@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use floodgate::kubeapi::ApiStore;
-use floodgate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL, SliceObject};
+use floodgate::model::{
+    EndpointsObject, Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL, SliceObject,
+};
 use k8s_openapi::api::core::v1::{
     ContainerStatus, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference,
     Pod, PodStatus, Service, ServicePort, ServiceSpec,
@@ -416,21 +418,23 @@ impl Cluster {
                 .into(),
             );
         }
-        objects.push(Object::Endpoints(Arc::new(Endpoints {
-            metadata: meta,
-            subsets: (!svc.pods.is_empty()).then(|| {
-                vec![EndpointSubset {
-                    addresses: (!ready.is_empty()).then_some(ready),
-                    not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
-                    ports: Some(vec![EndpointPort {
-                        name: Some("http".into()),
-                        port: 8080,
-                        protocol: Some("TCP".into()),
-                        ..Default::default()
-                    }]),
-                }]
-            }),
-        })));
+        objects.push(Object::Endpoints(Arc::new(EndpointsObject::from(
+            Endpoints {
+                metadata: meta,
+                subsets: (!svc.pods.is_empty()).then(|| {
+                    vec![EndpointSubset {
+                        addresses: (!ready.is_empty()).then_some(ready),
+                        not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
+                        ports: Some(vec![EndpointPort {
+                            name: Some("http".into()),
+                            port: 8080,
+                            protocol: Some("TCP".into()),
+                            ..Default::default()
+                        }]),
+                    }]
+                }),
+            },
+        ))));
         self.store.apply(objects);
         self.store.delete(stale);
     }

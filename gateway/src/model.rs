@@ -7,12 +7,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+mod endpoints;
 mod slice;
 
+pub use endpoints::{EndpointsObject, HeldAddress, HeldSubset};
 pub use slice::{SliceEndpoint, SliceObject};
 
 /// The label the EndpointSlice controller puts on a slice: the name of its service.
@@ -226,7 +228,7 @@ pub enum Object {
     /// An EndpointSlice.
     EndpointSlice(Arc<SliceObject>),
     /// A core/v1 Endpoints.
-    Endpoints(Arc<Endpoints>),
+    Endpoints(Arc<EndpointsObject>),
     /// A pod.
     Pod(Arc<PodObject>),
     /// A ReplicaSet's metadata.
@@ -359,32 +361,6 @@ pub fn slice_service(slice: &SliceObject) -> Option<NsName> {
         slice.metadata.namespace.as_deref().unwrap_or_default(),
         name,
     ))
-}
-
-/// The pods a core/v1 Endpoints' addresses point at.
-pub fn endpoints_pods(ep: &Endpoints) -> impl Iterator<Item = NsName> + '_ {
-    ep.subsets
-        .iter()
-        .flatten()
-        .flat_map(|s| {
-            s.addresses
-                .iter()
-                .flatten()
-                .chain(s.not_ready_addresses.iter().flatten())
-        })
-        .filter_map(|a| pod_ref(a.target_ref.as_ref()?, &ep.metadata))
-}
-
-fn pod_ref(r: &k8s_openapi::api::core::v1::ObjectReference, owner: &ObjectMeta) -> Option<NsName> {
-    if r.kind.as_deref() != Some("Pod") {
-        return None;
-    }
-    let ns = r
-        .namespace
-        .as_deref()
-        .or(owner.namespace.as_deref())
-        .unwrap_or_default();
-    Some(NsName::new(ns, r.name.as_deref()?))
 }
 
 /// The ReplicaSets that own a pod.

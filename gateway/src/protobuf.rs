@@ -49,7 +49,7 @@ pub fn item(object: &Object, resource_version: u64) -> Option<Vec<u8>> {
     Some(match object {
         Object::Service(s) => convert::service(s, &rv).encode_to_vec(),
         Object::EndpointSlice(s) => convert::endpoint_slice(&s.to_slice(), &rv).encode_to_vec(),
-        Object::Endpoints(e) => convert::endpoints(e, &rv).encode_to_vec(),
+        Object::Endpoints(e) => convert::endpoints(&e.to_endpoints(), &rv).encode_to_vec(),
         Object::Pod(p) => pod::pod(p, &rv).encode_to_vec(),
         Object::ReplicaSet(m) => metadata_only(convert::object_meta(m, Some(&rv))),
         Object::Server(_) => return None,

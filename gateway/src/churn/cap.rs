@@ -14,9 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
-
-use crate::model::SliceObject;
+use crate::model::{EndpointsObject, SliceObject};
 
 /// An endpoint's identity within a service: its addresses.
 pub type EndpointKey = String;
@@ -27,7 +25,7 @@ pub struct Capped {
     /// The slices to publish (slices the cap emptied are left out).
     pub slices: Vec<Arc<SliceObject>>,
     /// The core/v1 Endpoints to publish, if the service has one.
-    pub endpoints: Option<Arc<Endpoints>>,
+    pub endpoints: Option<Arc<EndpointsObject>>,
     /// Keys of the endpoints published, across slices and Endpoints.
     pub published: HashSet<EndpointKey>,
     /// Upstream endpoints of the service (before the cap).
@@ -66,25 +64,18 @@ pub fn choose<'a>(
 /// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous`.
 pub fn cap(
     slices: &[Arc<SliceObject>],
-    endpoints: Option<&Arc<Endpoints>>,
+    endpoints: Option<&Arc<EndpointsObject>>,
     previous: &HashSet<EndpointKey>,
     max: usize,
 ) -> Capped {
     let mut out = Capped::default();
-    let addrs: Vec<(String, bool)> = endpoints
+    let addrs: Vec<(&str, bool)> = endpoints
         .iter()
-        .flat_map(|ep| ep.subsets.iter().flatten())
-        .flat_map(|s| {
-            let ready = s.addresses.iter().flatten().map(|a| (a.ip.clone(), true));
-            let not_ready = s
-                .not_ready_addresses
-                .iter()
-                .flatten()
-                .map(|a| (a.ip.clone(), false));
-            ready.chain(not_ready)
-        })
+        .flat_map(|ep| ep.subsets())
+        .flat_map(|s| s.addresses())
+        .map(|(a, ready)| (a.ip(), ready))
         .collect();
-    let listed: HashSet<&str> = addrs.iter().map(|(ip, _)| ip.as_str()).collect();
+    let listed: HashSet<&str> = addrs.iter().map(|(ip, _)| *ip).collect();
 
     // Slices: the same address may appear in two slices (dual-stack uses one per family).
     let (chosen, distinct) = choose(
@@ -112,12 +103,7 @@ pub fn cap(
 
     // core/v1 Endpoints: the same rule over its addresses, preferring the slices' choice.
     if let Some(ep) = endpoints {
-        let (chosen, distinct) = choose(
-            addrs.iter().map(|(k, r)| (k.as_str(), *r)),
-            previous,
-            in_slices,
-            max,
-        );
+        let (chosen, distinct) = choose(addrs.iter().copied(), previous, in_slices, max);
         if slices.is_empty() {
             // Without slices, the Endpoints object is the service's only count.
             out.total = distinct;
@@ -126,20 +112,7 @@ pub fn cap(
         if chosen.len() == distinct {
             out.endpoints = Some(ep.clone());
         } else {
-            let keep = |v: &Option<Vec<EndpointAddress>>| -> Option<Vec<EndpointAddress>> {
-                let kept: Vec<_> = v
-                    .iter()
-                    .flatten()
-                    .filter(|a| chosen.contains(a.ip.as_str()))
-                    .cloned()
-                    .collect();
-                (!kept.is_empty()).then_some(kept)
-            };
-            let mut capped = Endpoints::clone(ep);
-            for subset in capped.subsets.iter_mut().flatten() {
-                subset.addresses = keep(&subset.addresses);
-                subset.not_ready_addresses = keep(&subset.not_ready_addresses);
-            }
+            let capped = ep.retain(|ip| chosen.contains(ip));
             out.endpoints = Some(Arc::new(capped));
         }
         out.published.extend(chosen.into_iter().map(str::to_owned));
@@ -199,11 +172,11 @@ mod tests {
     /// service publishes `max` endpoints, not up to twice as many.
     #[test]
     fn the_slices_cap_agrees_with_a_truncated_endpoints_object() {
-        use k8s_openapi::api::core::v1::EndpointSubset;
+        use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset, Endpoints};
         let all: Vec<String> = (0..20).map(|i| format!("10.0.0.{:02}", i)).collect();
         let eps: Vec<(&str, bool)> = all.iter().map(|ip| (ip.as_str(), true)).collect();
         let slices = [mk_slice("a", &eps)];
-        let truncated = Arc::new(Endpoints {
+        let truncated = Arc::new(EndpointsObject::from(Endpoints {
             subsets: Some(vec![EndpointSubset {
                 addresses: Some(
                     all[10..]
@@ -217,7 +190,7 @@ mod tests {
                 ..Default::default()
             }]),
             ..Default::default()
-        });
+        }));
         let c = cap(&slices, Some(&truncated), &HashSet::new(), 10);
         assert_eq!(
             ips(&c),

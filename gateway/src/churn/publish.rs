@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::cap::{self, EndpointKey};
 use super::store::Store;
 use crate::model::{
-    self, Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
+    Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
 };
 use crate::upstream::wanted::WantedPods;
 use crate::view::{Change as ViewChange, View};
@@ -384,7 +384,7 @@ fn desired_service(
         objects.push(Object::EndpointSlice(s.clone()));
     }
     if let Some(ep) = &capped.endpoints {
-        pods.extend(model::endpoints_pods(ep));
+        pods.extend(ep.pod_refs());
         objects.push(Object::Endpoints(ep.clone()));
     }
     let mut replicasets = BTreeSet::new();

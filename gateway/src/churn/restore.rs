@@ -17,8 +17,7 @@ use super::Engine;
 use super::flood::Trigger;
 use super::publish::Published;
 use crate::model::{
-    Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, endpoints_pods, pod_replicasets,
-    slice_service,
+    Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, pod_replicasets, slice_service,
 };
 use crate::view::Change as ViewChange;
 
@@ -144,7 +143,7 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
         }
         if let Some(ep @ Object::Endpoints(e)) = objects.get(&key(Kind::Endpoints, svc.clone())) {
             p.objects.insert(ep.key());
-            p.pods.extend(endpoints_pods(e));
+            p.pods.extend(e.pod_refs());
         }
         for pod in &p.pods {
             let pk = key(Kind::Pod, pod.clone());

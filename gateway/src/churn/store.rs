@@ -10,13 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
 use crate::model::{
-    Group, Kind, NsName, ObjKey, Object, PodObject, Server, SliceEndpoint, SliceObject,
-    pod_replicasets, slice_service,
+    EndpointsObject, Group, Kind, NsName, ObjKey, Object, PodObject, Server, SliceEndpoint,
+    SliceObject, pod_replicasets, slice_service,
 };
 
 /// What a change touched.
@@ -43,7 +43,7 @@ pub struct Store {
     services: HashMap<NsName, Arc<Service>>,
     slices: HashMap<NsName, Arc<SliceObject>>,
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
-    endpoints: HashMap<NsName, Arc<Endpoints>>,
+    endpoints: HashMap<NsName, Arc<EndpointsObject>>,
     pods: HashMap<NsName, Arc<PodObject>>,
     replicasets: HashMap<NsName, Arc<ObjectMeta>>,
     rs_pods: HashMap<NsName, HashSet<NsName>>,
@@ -288,7 +288,7 @@ impl Store {
     }
 
     /// A service's Endpoints.
-    pub fn endpoints_of(&self, svc: &NsName) -> Option<&Arc<Endpoints>> {
+    pub fn endpoints_of(&self, svc: &NsName) -> Option<&Arc<EndpointsObject>> {
         self.endpoints.get(svc)
     }
 

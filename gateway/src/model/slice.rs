@@ -63,33 +63,36 @@ impl SliceEndpoint {
         serde_json::from_str(self.json.get())
             .expect("the JSON was encoded from an Endpoint, so it decodes as one")
     }
+}
 
-    /// The pod it points at, as `(namespace, name)`; `None` when its target is not a pod.
-    /// `owner` is the slice's namespace, for a reference that names none.
-    fn pod_ref<'a>(&'a self, owner: &'a str) -> Option<(Box<str>, Box<str>)> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Target<'a> {
-            #[serde(borrow, default)]
-            target_ref: Option<Reference<'a>>,
-        }
-        #[derive(Deserialize)]
-        struct Reference<'a> {
-            #[serde(borrow, default)]
-            kind: Option<std::borrow::Cow<'a, str>>,
-            #[serde(borrow, default)]
-            namespace: Option<std::borrow::Cow<'a, str>>,
-            #[serde(borrow, default)]
-            name: Option<std::borrow::Cow<'a, str>>,
-        }
-        let t: Target<'_> = serde_json::from_str(self.json.get()).ok()?;
-        let r = t.target_ref?;
-        if r.kind.as_deref() != Some("Pod") {
-            return None;
-        }
-        let ns = r.namespace.as_deref().unwrap_or(owner);
-        Some((ns.into(), r.name?.as_ref().into()))
+/// The pod an endpoint's or an address's JSON points at (its `targetRef`), if it is a pod.
+/// `owner` is the namespace of the object holding it, for a reference that names none.
+pub(super) fn raw_pod_ref(json: &RawValue, owner: &str) -> Option<NsName> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Target<'a> {
+        #[serde(borrow, default)]
+        target_ref: Option<Reference<'a>>,
     }
+    #[derive(Deserialize)]
+    struct Reference<'a> {
+        #[serde(borrow, default)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        namespace: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        name: Option<std::borrow::Cow<'a, str>>,
+    }
+    let r = serde_json::from_str::<Target<'_>>(json.get())
+        .ok()?
+        .target_ref?;
+    if r.kind.as_deref() != Some("Pod") {
+        return None;
+    }
+    Some(NsName::new(
+        r.namespace.as_deref().unwrap_or(owner),
+        &r.name?,
+    ))
 }
 
 impl From<Endpoint> for SliceEndpoint {
@@ -175,8 +178,7 @@ impl SliceObject {
         let owner = self.metadata.namespace.as_deref().unwrap_or_default();
         self.endpoints()
             .iter()
-            .filter_map(move |e| e.pod_ref(owner))
-            .map(|(ns, name)| NsName::new(&ns, &name))
+            .filter_map(move |e| raw_pod_ref(&e.json, owner))
     }
 }
 

@@ -18,20 +18,16 @@
 
 //!
 //! EndpointSlices and Endpoints are held whole (the cap chooses among all of a service's
-//! endpoints, and Linkerd reads nearly every field of a kept one). A slice's endpoints are
-//! held as their JSON ([`crate::model::SliceObject`]); an Endpoints object's vectors are
-//! shrunk to their length: a decoder grows a vector by doubling from four, so a subset of 100
-//! addresses held room for 128 and every port list room for four. Every kept object's
-//! metadata (a ReplicaSet's is all Floodgate holds of it) has its owner references and
-//! finalizers shrunk the same way.
+//! endpoints, and Linkerd reads nearly every field of a kept one), each endpoint or address as
+//! its JSON ([`crate::model::SliceObject`], [`crate::model::EndpointsObject`]). Every kept
+//! object's metadata (a ReplicaSet's is all Floodgate holds of it) has its owner references
+//! and finalizers shrunk to their length: a decoder grows a vector by doubling from four.
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, EndpointSubset, Endpoints, Pod, PodSpec, PodStatus,
-};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Endpoints, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::model::SliceObject;
+use crate::model::{EndpointsObject, SliceObject};
 
 /// The proxy container whose environment is kept.
 const PROXY: &str = "linkerd-proxy";
@@ -102,25 +98,10 @@ pub fn slice(mut s: EndpointSlice) -> SliceObject {
     s.into()
 }
 
-/// `e` with every vector shrunk to its length.
-pub fn endpoints(mut e: Endpoints) -> Endpoints {
+/// `e` as it is held: its metadata's vectors shrunk, its addresses as their JSON.
+pub fn endpoints(mut e: Endpoints) -> EndpointsObject {
     metadata(&mut e.metadata);
-    fn subset(s: &mut EndpointSubset) {
-        for v in [&mut s.addresses, &mut s.not_ready_addresses]
-            .into_iter()
-            .flatten()
-        {
-            v.shrink_to_fit();
-        }
-        if let Some(p) = &mut s.ports {
-            p.shrink_to_fit();
-        }
-    }
-    if let Some(subsets) = &mut e.subsets {
-        subsets.shrink_to_fit();
-        subsets.iter_mut().for_each(subset);
-    }
-    e
+    e.into()
 }
 
 fn container(c: Container) -> Container {
@@ -210,13 +191,14 @@ mod tests {
         .to_string();
         let e: Endpoints = serde_json::from_str(&text).expect("an Endpoints");
         let e = endpoints(e);
-        let subsets = e.subsets.expect("kept");
-        assert_eq!(subsets.capacity(), 1);
-        assert_eq!(subsets[0].addresses.as_ref().map(Vec::capacity), Some(1));
+        let subsets = e.subsets();
+        assert_eq!(subsets.len(), 1);
         assert_eq!(
-            subsets[0].not_ready_addresses.as_ref().map(Vec::capacity),
-            Some(1)
+            subsets[0].addresses().count(),
+            2,
+            "held as boxed slices, no room"
         );
+        assert_eq!(subsets[0].ports.as_ref().map(Vec::capacity), Some(1));
     }
 
     #[test]
