@@ -101,8 +101,7 @@ pub fn decode(kind: Kind, v: Value) -> Result<Object, serde_json::Error> {
         Kind::Service => Object::Service(Arc::new(serde_json::from_value(v)?)),
         Kind::EndpointSlice => Object::EndpointSlice(Arc::new(serde_json::from_value(v)?)),
         Kind::Endpoints => Object::Endpoints(Arc::new(serde_json::from_value(v)?)),
-        // Its spec and status stay JSON, which only a JSON text decodes into.
-        Kind::Pod => Object::Pod(Arc::new(serde_json::from_str(&v.to_string())?)),
+        Kind::Pod => Object::Pod(Arc::new(serde_json::from_value(v)?)),
         Kind::ReplicaSet => {
             Object::ReplicaSet(Arc::new(serde_json::from_value(v["metadata"].clone())?))
         }

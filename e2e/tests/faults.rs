@@ -334,7 +334,7 @@ async fn a_pod_of_the_wrong_shape_is_refused_and_the_link_goes_on() {
     let logs = Logs::capture();
     let (stack, _cluster) = stack(111).await;
     let items = stack.sim.store().view().list(Kind::Pod).items;
-    let pod = NsName::of(items.first().expect("a pod").object.meta());
+    let pod = items.first().expect("a pod").object.id();
     let served = async || {
         let api: Api<Pod> =
             Api::namespaced(stack.consumer().await.expect("client"), &pod.namespace);

@@ -4,17 +4,20 @@
 //! Objects arrive decoded (the upstream edge decodes JSON) and are shared behind `Arc`s: the
 //! upstream cache, the published view and every watcher refer to one allocation.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 mod endpoints;
+mod pod;
 mod slice;
 
 pub use endpoints::{EndpointsObject, HeldAddress, HeldSubset};
+pub use pod::PodObject;
 pub use slice::{SliceEndpoint, SliceObject};
 
 /// The label the EndpointSlice controller puts on a slice: the name of its service.
@@ -156,70 +159,6 @@ pub struct Server {
     pub spec: serde_json::Value,
 }
 
-/// A pod as Floodgate holds it: its metadata typed (what the engine, the selectors and the
-/// tables read) and its `spec` and `status` as the JSON they were encoded to, which nothing
-/// past the upstream edge reads typed. A decoded k8s-openapi `Pod` spends its fixed layout on
-/// every field it could have (2.4 KB inline, 2.3 KB per container, 0.75 KB per container
-/// status, vectors grown by doubling); this spends the bytes of the JSON, about a fifth of
-/// that for a trimmed pod, so memory follows what is served. [`PodObject::to_pod`] decodes it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct PodObject {
-    /// The pod's metadata.
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    /// `spec`, as JSON.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<Box<serde_json::value::RawValue>>,
-    /// `status`, as JSON.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<Box<serde_json::value::RawValue>>,
-}
-
-impl PartialEq for PodObject {
-    fn eq(&self, other: &Self) -> bool {
-        fn raw(r: &Option<Box<serde_json::value::RawValue>>) -> Option<&str> {
-            r.as_deref().map(serde_json::value::RawValue::get)
-        }
-        self.metadata == other.metadata
-            && raw(&self.spec) == raw(&other.spec)
-            && raw(&self.status) == raw(&other.status)
-    }
-}
-
-impl From<Pod> for PodObject {
-    fn from(pod: Pod) -> Self {
-        // Encoding a k8s-openapi type into a string has no failure case.
-        let raw = |v: Result<Box<serde_json::value::RawValue>, _>| v.ok();
-        Self {
-            metadata: pod.metadata,
-            spec: pod
-                .spec
-                .and_then(|s| raw(serde_json::value::to_raw_value(&s))),
-            status: pod
-                .status
-                .and_then(|s| raw(serde_json::value::to_raw_value(&s))),
-        }
-    }
-}
-
-impl PodObject {
-    /// Decodes it as a k8s-openapi `Pod`.
-    pub fn to_pod(&self) -> serde_json::Result<Pod> {
-        fn decode<T: serde::de::DeserializeOwned>(
-            r: &Option<Box<serde_json::value::RawValue>>,
-        ) -> serde_json::Result<Option<T>> {
-            r.as_ref()
-                .map(|r| serde_json::from_str(r.get()))
-                .transpose()
-        }
-        Ok(Pod {
-            metadata: self.metadata.clone(),
-            spec: decode(&self.spec)?,
-            status: decode(&self.status)?,
-        })
-    }
-}
-
 /// A decoded object of one of the link's kinds.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
@@ -250,15 +189,52 @@ impl Object {
         }
     }
 
-    /// Its metadata.
-    pub fn meta(&self) -> &ObjectMeta {
-        match self {
+    /// Its metadata. A pod's is decoded from its JSON ([`PodObject::metadata`]): where only
+    /// the name is read, [`Object::namespace`] and [`Object::name`] cost nothing.
+    pub fn meta(&self) -> Cow<'_, ObjectMeta> {
+        Cow::Borrowed(match self {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::Endpoints(o) => &o.metadata,
-            Object::Pod(o) => &o.metadata,
+            Object::Pod(o) => return Cow::Owned(o.metadata()),
             Object::ReplicaSet(m) => m,
             Object::Server(o) => &o.metadata,
+        })
+    }
+
+    /// Its namespace (empty for none).
+    pub fn namespace(&self) -> &str {
+        match (self, self.typed_meta()) {
+            (Object::Pod(o), _) => &o.id().namespace,
+            (_, m) => m.and_then(|m| m.namespace.as_deref()).unwrap_or_default(),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match (self, self.typed_meta()) {
+            (Object::Pod(o), _) => &o.id().name,
+            (_, m) => m.and_then(|m| m.name.as_deref()).unwrap_or_default(),
+        }
+    }
+
+    /// The metadata of a kind held typed (every kind but pods).
+    fn typed_meta(&self) -> Option<&ObjectMeta> {
+        Some(match self {
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
+            Object::Endpoints(o) => &o.metadata,
+            Object::Pod(_) => return None,
+            Object::ReplicaSet(m) => m,
+            Object::Server(o) => &o.metadata,
+        })
+    }
+
+    /// Its namespace and name.
+    pub fn id(&self) -> NsName {
+        match self {
+            Object::Pod(o) => o.id().clone(),
+            _ => NsName::new(self.namespace(), self.name()),
         }
     }
 
@@ -266,7 +242,7 @@ impl Object {
     pub fn key(&self) -> ObjKey {
         ObjKey {
             kind: self.kind(),
-            id: NsName::of(self.meta()),
+            id: self.id(),
         }
     }
 
@@ -283,14 +259,15 @@ impl Object {
             meta.resource_version = None;
             meta.managed_fields = None;
         }
-        if !dirty(self.meta()) {
+        // A pod is held without them ([`PodObject`]).
+        if !self.typed_meta().is_some_and(dirty) {
             return self;
         }
         match &mut self {
             Object::Service(x) => clean(&mut Arc::make_mut(x).metadata),
             Object::EndpointSlice(x) => clean(&mut Arc::make_mut(x).metadata),
             Object::Endpoints(x) => clean(&mut Arc::make_mut(x).metadata),
-            Object::Pod(x) => clean(&mut Arc::make_mut(x).metadata),
+            Object::Pod(_) => {}
             Object::ReplicaSet(x) => clean(Arc::make_mut(x)),
             Object::Server(x) => clean(&mut Arc::make_mut(x).metadata),
         }
@@ -305,8 +282,7 @@ impl Object {
             "Service" => Object::Service(Arc::new(serde_json::from_value(v)?)),
             "EndpointSlice" => Object::EndpointSlice(Arc::new(serde_json::from_value(v)?)),
             "Endpoints" => Object::Endpoints(Arc::new(serde_json::from_value(v)?)),
-            // Its spec and status stay JSON, which only a JSON text decodes into.
-            "Pod" => Object::Pod(Arc::new(serde_json::from_str(&v.to_string())?)),
+            "Pod" => Object::Pod(Arc::new(serde_json::from_value(v)?)),
             "ReplicaSet" => {
                 let meta = v.get_mut("metadata").map(serde_json::Value::take);
                 Object::ReplicaSet(Arc::new(serde_json::from_value(meta.unwrap_or_default())?))
@@ -361,15 +337,4 @@ pub fn slice_service(slice: &SliceObject) -> Option<NsName> {
         slice.metadata.namespace.as_deref().unwrap_or_default(),
         name,
     ))
-}
-
-/// The ReplicaSets that own a pod.
-pub fn pod_replicasets(pod: &PodObject) -> impl Iterator<Item = NsName> + '_ {
-    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|o| o.kind == "ReplicaSet")
-        .map(move |o| NsName::new(ns, &o.name))
 }

@@ -18,9 +18,7 @@ use serde::Serialize;
 
 use super::cap::{self, EndpointKey};
 use super::store::Store;
-use crate::model::{
-    Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION, pod_replicasets,
-};
+use crate::model::{Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION};
 use crate::upstream::wanted::WantedPods;
 use crate::view::{Change as ViewChange, View};
 
@@ -390,7 +388,7 @@ fn desired_service(
     let mut replicasets = BTreeSet::new();
     for id in &pods {
         if let Some(p) = store.pod(id) {
-            replicasets.extend(pod_replicasets(p));
+            replicasets.extend(p.replicasets());
             objects.push(Object::Pod(p.clone()));
         }
     }

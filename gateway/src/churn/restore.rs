@@ -16,9 +16,7 @@ use tokio::time::Instant;
 use super::Engine;
 use super::flood::Trigger;
 use super::publish::Published;
-use crate::model::{
-    Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, pod_replicasets, slice_service,
-};
+use crate::model::{Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, slice_service};
 use crate::view::Change as ViewChange;
 
 /// A quarantine as saved on disk, in the engine's terms.
@@ -148,7 +146,7 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
         for pod in &p.pods {
             let pk = key(Kind::Pod, pod.clone());
             if let Some(Object::Pod(pod)) = objects.get(&pk) {
-                for rs in pod_replicasets(pod) {
+                for rs in pod.replicasets() {
                     let rk = key(Kind::ReplicaSet, rs);
                     if objects.contains_key(&rk) {
                         p.objects.insert(rk);

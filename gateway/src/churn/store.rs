@@ -16,7 +16,7 @@ use kube::core::{Selector, SelectorExt};
 
 use crate::model::{
     EndpointsObject, Group, Kind, NsName, ObjKey, Object, PodObject, Server, SliceEndpoint,
-    SliceObject, pod_replicasets, slice_service,
+    SliceObject, slice_service,
 };
 
 /// What a change touched.
@@ -220,7 +220,7 @@ impl Store {
                 // Only wanted pods are handed over: hold this one (or drop it, deleted).
                 let old = self.drop_pod(id);
                 if let Some(Object::Pod(p)) = o {
-                    for rs in pod_replicasets(&p) {
+                    for rs in p.replicasets() {
                         self.rs_pods.entry(rs).or_default().insert(id.clone());
                     }
                     self.pods.insert(id.clone(), p);
@@ -259,7 +259,7 @@ impl Store {
     /// Stops holding a pod (nobody wants it any more, or it was deleted).
     pub fn drop_pod(&mut self, id: &NsName) -> Option<Arc<PodObject>> {
         let old = self.pods.remove(id)?;
-        for rs in pod_replicasets(&old) {
+        for rs in old.replicasets() {
             if let Some(set) = self.rs_pods.get_mut(&rs) {
                 set.remove(id);
                 if set.is_empty() {

@@ -113,12 +113,12 @@ pub fn negotiate(headers: &HeaderMap, kind: Kind) -> Result<Format, StatusError>
 
 /// True when an object passes the namespace, label and field filters of a request.
 pub fn selected(stored: &Stored, namespace: Option<&str>, q: &Query) -> bool {
-    let meta = stored.object.meta();
-    let ns = meta.namespace.as_deref().unwrap_or_default();
-    let name = meta.name.as_deref().unwrap_or_default();
+    let o = &stored.object;
+    let ns = o.namespace();
     namespace.is_none_or(|n| n == ns)
-        && q.fields.matches(ns, name)
-        && q.labels.matches(meta.labels.as_ref())
+        && q.fields.matches(ns, o.name())
+        // A pod's metadata is decoded for a label selector only.
+        && (q.labels.is_empty() || q.labels.matches(o.meta().labels.as_ref()))
 }
 
 /// Serves a LIST, whole or one page of it.
@@ -159,9 +159,9 @@ pub fn list(
             (snap.resource_version, &fresh, None)
         }
     };
-    let start = after.as_ref().map_or(0, |k| {
-        all.partition_point(|s| NsName::of(s.object.meta()) <= *k)
-    });
+    let start = after
+        .as_ref()
+        .map_or(0, |k| all.partition_point(|s| s.object.id() <= *k));
     let limit = page_limit(q).unwrap_or(usize::MAX);
     let mut selected_items = all[start..]
         .iter()
@@ -186,13 +186,13 @@ pub fn list(
         let token = ContinueToken {
             v: TOKEN_VERSION.into(),
             rv: resource_version,
-            after: NsName::of(all[last].object.meta()),
+            after: all[last].object.id(),
         };
         list_meta.r#continue = Some(token.encode());
         if q.labels.is_empty() && q.fields.is_empty() {
             // The objects of the namespace (or all of them) after this page.
             let end = namespace.map_or(all.len(), |n| {
-                all.partition_point(|s| s.object.meta().namespace.as_deref().unwrap_or("") <= n)
+                all.partition_point(|s| s.object.namespace() <= n)
             });
             list_meta.remaining_item_count = i64::try_from(end - last - 1).ok();
         }
@@ -359,7 +359,7 @@ pub fn get(
             .list(def.kind)
             .items
             .into_iter()
-            .find(|s| s.object.meta().name.as_deref() == Some(name)),
+            .find(|s| s.object.name() == name),
     };
     let Some(stored) = found.as_ref() else {
         return Err(StatusError::not_found(def.plural, name));
@@ -407,7 +407,7 @@ fn table(def: &ResourceDef, items: &[&Arc<Stored>], meta: Value) -> Value {
         .iter()
         .map(|s| {
             let o: Value = serde_json::from_slice(&s.json).unwrap_or_default();
-            let object = partial_metadata(s.object.meta(), s.resource_version);
+            let object = partial_metadata(&s.object.meta(), s.resource_version);
             json!({ "cells": table_cells(def.kind, &o, now), "object": object })
         })
         .collect();

@@ -1,8 +1,6 @@
-//! A pod as its `k8s-pb` message. Floodgate holds a pod's spec and status as the JSON of the
-//! fields the upstream trim keeps ([`crate::upstream::trim`]), so this reads exactly those
-//! from that JSON: a field the trim drops is in neither form. Reading the JSON, not a typed
-//! decode, means a pod whose spec lacks a field the type requires (`containers`) still has a
-//! protobuf form, as it has a JSON one.
+//! A pod as its `k8s-pb` message. Floodgate holds a pod as the JSON of the fields the upstream
+//! trim keeps ([`crate::upstream::trim`]), so this reads exactly those from that JSON: a field
+//! the trim drops is in neither form.
 
 use k8s_pb::api::core::v1 as pb;
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
@@ -14,14 +12,11 @@ use crate::model::PodObject;
 
 /// The pod's message.
 pub fn pod(p: &PodObject, resource_version: &str) -> pb::Pod {
-    let parse = |r: &Option<Box<serde_json::value::RawValue>>| {
-        r.as_ref()
-            .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
-    };
+    let v: Value = serde_json::from_str(p.json().get()).unwrap_or_default();
     pb::Pod {
-        metadata: Some(object_meta(&p.metadata, Some(resource_version))),
-        spec: parse(&p.spec).map(|s| spec(&s)),
-        status: parse(&p.status).map(|s| status(&s)),
+        metadata: Some(object_meta(&p.metadata(), Some(resource_version))),
+        spec: v.get("spec").map(spec),
+        status: v.get("status").map(status),
     }
 }
 

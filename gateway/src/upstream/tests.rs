@@ -63,7 +63,7 @@ async fn fetched_pods_are_admitted_as_watched_ones() {
         let Change::Fetched(Object::Pod(p)) = change else {
             panic!("only fetched pods: {change:?}");
         };
-        fetched.push(NsName::of(&p.metadata));
+        fetched.push(p.id().clone());
     }
     assert_eq!(
         fetched,

@@ -2,7 +2,7 @@
 //! holds them. Pods are the kind a remote has most of, and most of a pod's JSON (volumes,
 //! images, probes, resources, tolerations, affinity, container states, managed fields) is read
 //! by nobody Floodgate serves. A trimmed pod is then held as a [`crate::model::PodObject`]:
-//! its metadata typed, its spec and status as their JSON.
+//! the JSON of these fields, beside its name and its ReplicaSet owners.
 //!
 //! What is kept, from what Linkerd's destination controller (endpoint translation, workload
 //! and opaque-ports lookups, identity) and the facade's own views read (README, "What

@@ -71,7 +71,7 @@ impl Stored {
     pub fn metadata(&self) -> &Metadata {
         self.metadata.get_or_init(|| {
             Box::new(Metadata::new(
-                self.object.meta(),
+                &self.object.meta(),
                 self.resource_version,
                 self.event,
             ))
