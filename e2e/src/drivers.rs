@@ -16,7 +16,7 @@ use floodgate::model::{
 };
 use k8s_openapi::api::core::v1::{
     ContainerStatus, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference,
-    Pod, PodStatus, Service, ServicePort, ServiceSpec,
+    Pod, PodCondition, PodStatus, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{self as discovery, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -324,6 +324,12 @@ impl Cluster {
             status: Some(PodStatus {
                 phase: Some("Running".into()),
                 pod_ip: Some(p.ip.clone()),
+                // The kubelet's Ready condition, which the EndpointSlice controller follows.
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if p.ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
                 container_statuses: Some(vec![ContainerStatus {
                     name: "app".into(),
                     ready: p.ready,

@@ -3,7 +3,8 @@
 //! view in one step.
 //!
 //! For a service the desired state is the Service, its capped EndpointSlices and Endpoints,
-//! the pods the kept endpoints point at and those pods' ReplicaSets. The pods a group's
+//! the pods consumers resolve behind the kept endpoints (ready ones, see [`desired_service`])
+//! and those pods' ReplicaSets. The pods a group's
 //! selection points at are its *wanted* pods: the store holds a pod only while some group
 //! wants it, so memory follows what is published, not the remote. A wanted pod the store does
 //! not hold (its event came before the selection wanted it) is asked for with
@@ -18,7 +19,7 @@ use serde::Serialize;
 
 use super::cap::{self, EndpointKey};
 use super::store::Store;
-use crate::model::{Group, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION};
+use crate::model::{Group, Kind, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION};
 use crate::upstream::wanted::WantedPods;
 use crate::view::{Change as ViewChange, View};
 
@@ -59,6 +60,17 @@ pub struct Published {
     pub truncated: usize,
     /// The pods its kept endpoints point at.
     pub pods: BTreeSet<NsName>,
+}
+
+impl Published {
+    /// Whether it serves `pod`.
+    fn serves_pod(&self, pod: &NsName) -> bool {
+        !self.objects.is_empty()
+            && self.objects.contains(&ObjKey {
+                kind: Kind::Pod,
+                id: pod.clone(),
+            })
+    }
 }
 
 /// The published side of one link.
@@ -194,15 +206,9 @@ impl Publisher {
         if let Group::Service(svc) = g
             && let Some(service) = store.service(svc)
         {
-            let previous = self.groups.get(g).map(|p| &p.endpoints);
-            let empty = HashSet::new();
-            let desired = desired_service(
-                store,
-                service,
-                svc,
-                previous.unwrap_or(&empty),
-                self.max_endpoints,
-            );
+            let empty = Published::default();
+            let previous = self.groups.get(g).unwrap_or(&empty);
+            let desired = desired_service(store, service, svc, previous, self.max_endpoints);
             self.set_pods(g, desired.pods, store);
         }
     }
@@ -220,8 +226,8 @@ impl Publisher {
                     Desired::empty()
                 }
                 Some(service) => {
-                    let empty = HashSet::new();
-                    let previous = self.groups.get(g).map_or(&empty, |p| &p.endpoints);
+                    let empty = Published::default();
+                    let previous = self.groups.get(g).unwrap_or(&empty);
                     desired_service(store, service, svc, previous, self.max_endpoints)
                 }
             },
@@ -365,29 +371,51 @@ impl Publisher {
 }
 
 /// A service's publication: the service (annotated when the cap truncates it), its capped
-/// slices and Endpoints, the pods the kept endpoints point at and those pods' ReplicaSets.
+/// slices and Endpoints, the pods consumers resolve behind the kept endpoints and those pods'
+/// ReplicaSets.
+///
+/// Every pod a kept endpoint points at is wanted (held, so it is at hand the moment it is
+/// needed), but a pod is *served* only when a consumer would look it up: its endpoint is ready
+/// (Linkerd's destination skips not-ready endpoints before any pod lookup, and the service
+/// mirror reads no pods), or the pod itself is `Ready`, or the group already serves it. The
+/// second rule puts a pod in the consumers' caches before its endpoint turns ready, in the
+/// order the remote's own controllers produce (the kubelet marks the pod Ready, then the
+/// EndpointSlice controller marks its endpoint): a consumer that resolves a ready endpoint
+/// whose pod it does not hold drops the address until the slice changes again. The third
+/// keeps a served pod served while its endpoint flaps, so readiness flips cost a pod's
+/// update, not its removal and return. A crash-looping flood of never-ready pods thus costs
+/// consumers none of its pods.
 fn desired_service(
     store: &Store,
     service: &Arc<Service>,
     svc: &NsName,
-    previous: &HashSet<EndpointKey>,
+    previous: &Published,
     max: usize,
 ) -> Desired {
     let slices = store.slices_of(svc);
-    let capped = cap::cap(&slices, store.endpoints_of(svc), previous, max);
+    let capped = cap::cap(&slices, store.endpoints_of(svc), &previous.endpoints, max);
     let mut objects = vec![Object::Service(annotated(service, &capped))];
     let mut pods: BTreeSet<NsName> = BTreeSet::new();
+    let mut resolved: HashSet<NsName> = HashSet::new();
+    let mut refer = |(pod, ready): (NsName, bool)| {
+        if ready {
+            resolved.insert(pod.clone());
+        }
+        pods.insert(pod);
+    };
     for s in &capped.slices {
-        pods.extend(s.pod_refs());
+        s.pod_refs_ready().for_each(&mut refer);
         objects.push(Object::EndpointSlice(s.clone()));
     }
     if let Some(ep) = &capped.endpoints {
-        pods.extend(ep.pod_refs());
+        ep.pod_refs_ready().for_each(&mut refer);
         objects.push(Object::Endpoints(ep.clone()));
     }
     let mut replicasets = BTreeSet::new();
     for id in &pods {
-        if let Some(p) = store.pod(id) {
+        if let Some(p) = store.pod(id)
+            && (resolved.contains(id) || p.is_ready() || previous.serves_pod(id))
+        {
             replicasets.extend(p.replicasets());
             objects.push(Object::Pod(p.clone()));
         }

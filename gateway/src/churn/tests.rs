@@ -91,6 +91,26 @@ pub(crate) fn mk_pod(name: &str, phase: &str) -> Object {
     ))
 }
 
+/// A running pod whose `Ready` condition is `ready`.
+pub(crate) fn mk_ready_pod(name: &str, ready: bool) -> Object {
+    Object::Pod(Arc::new(
+        Pod {
+            metadata: meta(name, &[]),
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some("Running".into()),
+                conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .into(),
+    ))
+}
+
 const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
 
 /// An engine whose first sync delivered `objects`.

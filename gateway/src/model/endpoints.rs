@@ -171,11 +171,17 @@ impl EndpointsObject {
 
     /// The pods its addresses point at.
     pub fn pod_refs(&self) -> impl Iterator<Item = NsName> + '_ {
+        self.pod_refs_ready().map(|(pod, _)| pod)
+    }
+
+    /// The pods its addresses point at, each with its address's readiness (`addresses` are
+    /// ready, `notReadyAddresses` are not).
+    pub fn pod_refs_ready(&self) -> impl Iterator<Item = (NsName, bool)> + '_ {
         let owner = self.metadata.namespace.as_deref().unwrap_or_default();
         self.subsets()
             .iter()
             .flat_map(HeldSubset::addresses)
-            .filter_map(move |(a, _)| raw_pod_ref(&a.json, owner))
+            .filter_map(move |(a, ready)| Some((raw_pod_ref(&a.json, owner)?, ready)))
     }
 }
 

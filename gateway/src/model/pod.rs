@@ -29,6 +29,8 @@ pub struct PodObject {
     id: NsName,
     /// The names of the ReplicaSets among its owners.
     replicasets: Box<[Box<str>]>,
+    /// Whether its `Ready` condition is `True`.
+    ready: bool,
     /// `{"metadata":..,"spec":..,"status":..}`.
     json: Box<RawValue>,
 }
@@ -54,6 +56,12 @@ impl PodObject {
         self.replicasets
             .iter()
             .map(|name| NsName::new(&self.id.namespace, name))
+    }
+
+    /// Whether its `Ready` condition is `True` (the kubelet sets it before the EndpointSlice
+    /// controller marks the pod's endpoints ready).
+    pub fn is_ready(&self) -> bool {
+        self.ready
     }
 
     /// Its JSON: `metadata`, `spec` and `status`, without `apiVersion` and `kind`.
@@ -93,6 +101,11 @@ impl From<Pod> for PodObject {
             .filter(|o| o.kind == "ReplicaSet")
             .map(|o| o.name.as_str().into())
             .collect();
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         let parts = Parts {
             metadata: &pod.metadata,
             spec: &pod.spec,
@@ -101,6 +114,7 @@ impl From<Pod> for PodObject {
         Self {
             id: NsName::of(&pod.metadata),
             replicasets,
+            ready,
             json: serde_json::value::to_raw_value(&parts)
                 .expect("a k8s-openapi Pod always encodes as JSON"),
         }
@@ -155,6 +169,27 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.1"}
         }))
         .expect("a pod")
+    }
+
+    #[test]
+    fn a_pod_is_ready_only_with_a_true_ready_condition() {
+        assert!(!PodObject::from(pod()).is_ready(), "no conditions");
+        let with = |ty: &str, status: &str| {
+            let mut p = pod();
+            p.status
+                .get_or_insert_default()
+                .conditions
+                .get_or_insert_default()
+                .push(k8s_openapi::api::core::v1::PodCondition {
+                    type_: ty.into(),
+                    status: status.into(),
+                    ..Default::default()
+                });
+            PodObject::from(p).is_ready()
+        };
+        assert!(with("Ready", "True"));
+        assert!(!with("Ready", "False"));
+        assert!(!with("ContainersReady", "True"));
     }
 
     #[test]

@@ -175,10 +175,15 @@ impl SliceObject {
 
     /// The pods its endpoints point at.
     pub fn pod_refs(&self) -> impl Iterator<Item = NsName> + '_ {
+        self.pod_refs_ready().map(|(pod, _)| pod)
+    }
+
+    /// The pods its endpoints point at, each with its endpoint's readiness.
+    pub fn pod_refs_ready(&self) -> impl Iterator<Item = (NsName, bool)> + '_ {
         let owner = self.metadata.namespace.as_deref().unwrap_or_default();
         self.endpoints()
             .iter()
-            .filter_map(move |e| raw_pod_ref(&e.json, owner))
+            .filter_map(move |e| Some((raw_pod_ref(&e.json, owner)?, e.is_ready())))
     }
 }
 

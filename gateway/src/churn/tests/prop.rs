@@ -116,8 +116,12 @@ impl Remote {
     }
 
     /// What consumers must see: selected services, all their slices (the cap is out of reach
-    /// here), and the pods those slices point at that exist.
-    fn expected(&self) -> BTreeMap<ObjKey, Object> {
+    /// here), and the pods those slices' ready endpoints point at that exist. Second, the
+    /// pods only not-ready endpoints point at: consumers resolve none of them, so they may be
+    /// served (a pod once served stays while its endpoint does) or not, but when served it is
+    /// as upstream holds it.
+    fn expected(&self) -> (BTreeMap<ObjKey, Object>, BTreeMap<ObjKey, Object>) {
+        let mut optional = BTreeMap::new();
         let mut out = BTreeMap::new();
         for (key, obj) in &self.objects {
             let Object::Service(s) = obj else { continue };
@@ -143,20 +147,28 @@ impl Remote {
                     continue;
                 }
                 out.insert(k.clone(), o.clone());
-                for pod in slice.pod_refs() {
+                for (pod, ready) in slice.pod_refs_ready() {
                     let pk = ObjKey {
                         kind: Kind::Pod,
                         id: pod,
                     };
                     if let Some(p) = self.objects.get(&pk) {
-                        out.insert(pk, p.clone());
+                        if ready {
+                            out.insert(pk, p.clone());
+                        } else {
+                            optional.insert(pk, p.clone());
+                        }
                     }
                 }
             }
         }
-        out.into_iter()
-            .map(|(k, o)| (k, o.into_sanitized()))
-            .collect()
+        optional.retain(|k, _| !out.contains_key(k));
+        let sanitized = |m: BTreeMap<ObjKey, Object>| -> BTreeMap<ObjKey, Object> {
+            m.into_iter()
+                .map(|(k, o)| (k, o.into_sanitized()))
+                .collect()
+        };
+        (sanitized(out), sanitized(optional))
     }
 
     /// Answers the engine's pod fetches, and follows containments: a contained service's
@@ -288,10 +300,15 @@ proptest! {
         // Contained services keep what they froze (checked all along by `answer`); every
         // other service converges to upstream.
         let free = |k: &ObjKey| !contained.keys().any(|svc| belongs(k, svc));
-        let mut expected = remote.expected();
+        let (mut expected, optional) = remote.expected();
         expected.retain(|k, _| free(k));
         let mut got = published(&e);
         got.retain(|k, _| free(k));
+        // A pod only not-ready endpoints point at: served as upstream holds it, or not at all.
+        got.retain(|k, o| optional.get(k).is_none_or(|want| {
+            assert_eq!(o, want, "{k:?} is served, but not as upstream holds it");
+            false
+        }));
         prop_assert_eq!(got, expected);
         // Over every window [t1, t2]: updates <= burst + rate * (t2 - t1).
         for (i, (t1, c1)) in counts.iter().enumerate() {

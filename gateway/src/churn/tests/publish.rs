@@ -169,7 +169,9 @@ fn answer_fetches(e: &mut Engine) -> Vec<NsName> {
 
 /// A service grows under its cap: the new pods' events came before the slice named them (as
 /// on a real remote, where a pod exists before its endpoint), so the store dropped them. The
-/// slice's growth fetches exactly those pods, once, and each is served with its endpoint.
+/// slice's growth fetches exactly those pods, once; the one behind a ready endpoint is served
+/// with it, the one behind a not-ready endpoint is held but served only once it is `Ready`,
+/// before its endpoint turns ready (the remote's own order), and it stays served after.
 #[tokio::test(start_paused = true)]
 async fn growing_published_endpoints_fetches_exactly_the_new_pods() {
     let mut e = synced(
@@ -210,9 +212,49 @@ async fn growing_published_endpoints_fetches_exactly_the_new_pods() {
         "exactly the pods the growth needs"
     );
     run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
-    assert_eq!(served_pods(&e), ["web-1", "web-2", "web-3", "web-4"]);
+    assert_eq!(
+        served_pods(&e),
+        ["web-1", "web-2", "web-4"],
+        "web-3's endpoint is not ready and web-3 is not Ready: no consumer looks it up"
+    );
     assert_eq!(e.counters().pods_fetched, fetched + 2);
     assert!(fetch_requests(&mut e).is_empty(), "nothing asked twice");
+
+    // The kubelet marks web-3 Ready: it is served before its endpoint is marked.
+    apply(&mut e, mk_ready_pod("web-3", true));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(served_pods(&e), ["web-1", "web-2", "web-3", "web-4"]);
+
+    let four = |three_ready| {
+        mk_slice(
+            "web",
+            "web-1",
+            &[(1, true), (2, true), (3, three_ready), (4, true)],
+        )
+    };
+    apply(&mut e, four(true));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(served_pods(&e), ["web-1", "web-2", "web-3", "web-4"]);
+
+    // It crashes: the pod, then its endpoint, turn not ready; it stays served, as it is now.
+    apply(&mut e, mk_ready_pod("web-3", false));
+    apply(&mut e, four(false));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert_eq!(served_pods(&e), ["web-1", "web-2", "web-3", "web-4"]);
+    let web3 = e
+        .view()
+        .list(Kind::Pod)
+        .items
+        .into_iter()
+        .find(|s| s.object.meta().name.as_deref() == Some("web-3"))
+        .expect("web-3 is served");
+    assert!(
+        !std::str::from_utf8(&web3.json)
+            .expect("JSON")
+            .contains(r#""status":"True""#),
+        "served as the remote holds it now, not Ready"
+    );
+    assert!(fetch_requests(&mut e).is_empty(), "every pod was held");
 }
 
 /// Under a cap of 2 the cap prefers ready endpoints: when a withheld endpoint turns ready it
