@@ -11,7 +11,7 @@
 //! [`super::Effect::FetchPods`] and published when the fetch answers, through the same budget as
 //! any change.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
@@ -395,14 +395,9 @@ fn desired_service(
     let slices = store.slices_of(svc);
     let capped = cap::cap(&slices, store.endpoints_of(svc), &previous.endpoints, max);
     let mut objects = vec![Object::Service(annotated(service, &capped))];
-    let mut pods: BTreeSet<NsName> = BTreeSet::new();
-    let mut resolved: HashSet<NsName> = HashSet::new();
-    let mut refer = |(pod, ready): (NsName, bool)| {
-        if ready {
-            resolved.insert(pod.clone());
-        }
-        pods.insert(pod);
-    };
+    // Each wanted pod, and whether some kept endpoint pointing at it is ready.
+    let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
+    let mut refer = |(pod, ready): (NsName, bool)| *pods.entry(pod).or_default() |= ready;
     for s in &capped.slices {
         s.pod_refs_ready().for_each(&mut refer);
         objects.push(Object::EndpointSlice(s.clone()));
@@ -412,9 +407,9 @@ fn desired_service(
         objects.push(Object::Endpoints(ep.clone()));
     }
     let mut replicasets = BTreeSet::new();
-    for id in &pods {
+    for (id, &resolved) in &pods {
         if let Some(p) = store.pod(id)
-            && (resolved.contains(id) || p.is_ready() || previous.serves_pod(id))
+            && (resolved || p.is_ready() || previous.serves_pod(id))
         {
             replicasets.extend(p.replicasets());
             objects.push(Object::Pod(p.clone()));
@@ -429,7 +424,7 @@ fn desired_service(
         objects,
         endpoints: capped.published,
         truncated: capped.truncated,
-        pods,
+        pods: pods.into_keys().collect(),
     }
 }
 
