@@ -156,7 +156,7 @@ impl Simulation for SimStore {
                 .view
                 .get(k)
                 .ok_or_else(|| StatusError::not_found(w.def.plural, &k.id.name))?;
-            serde_json::from_slice(&s.json).map_err(bad)
+            serde_json::from_slice(&s.json()).map_err(bad)
         };
         let publish = |obj: Object| -> Result<Value, StatusError> {
             let events = self.view.apply([Change::Upsert(obj.clone())]);
@@ -167,7 +167,7 @@ impl Simulation for SimStore {
                     .get(&obj.key())
                     .ok_or_else(|| StatusError::new(Reason::InternalError, "lost a write"))?,
             };
-            serde_json::from_slice(&stored.json).map_err(bad)
+            serde_json::from_slice(&stored.json()).map_err(bad)
         };
         let body = || -> Result<Value, StatusError> { serde_json::from_slice(w.body).map_err(bad) };
 

@@ -110,7 +110,7 @@ impl LinkDir {
                 if !std::mem::take(&mut first) {
                     bytes.push(b',');
                 }
-                bytes.extend_from_slice(&stored.json);
+                stored.write_json(&mut bytes);
             }
         }
         bytes.extend_from_slice(b"]}");

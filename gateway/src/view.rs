@@ -27,7 +27,7 @@ mod publish;
 mod stored;
 
 use publish::encode;
-pub use stored::{Event, EventType, Stored, frame};
+pub use stored::{Event, EventType, Stored, frame, stored_frame};
 
 const COUNTER_BITS: u32 = 40;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;

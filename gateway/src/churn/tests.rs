@@ -192,7 +192,7 @@ async fn the_first_sync_is_published_at_once_and_whole() {
         "a budget of 1/s does not slow the first sync"
     );
     let json: serde_json::Value =
-        serde_json::from_slice(&e.view().list(Kind::Service).items[0].json).expect("json");
+        serde_json::from_slice(&e.view().list(Kind::Service).items[0].json()).expect("json");
     assert_ne!(
         json["metadata"]["resourceVersion"], "123",
         "upstream versions are replaced"

@@ -230,38 +230,41 @@ pub fn list(
             &def.list_kind(),
             &def.api_version(),
             &meta,
-            items.iter().map(|s| &s.json[..]),
+            items.iter().map(|s| (s.json_len(), |b: &mut Vec<u8>| s.write_json(b))),
         ),
         Render::Metadata => json_list(
             metadata::LIST_KIND,
             metadata::API_VERSION,
             &meta,
-            items.iter().map(|s| s.metadata().json()),
+            items.iter().map(|s| {
+                let json = s.metadata().json();
+                (json.len(), move |b: &mut Vec<u8>| b.extend_from_slice(json))
+            }),
         ),
         Render::Table => serde_json::to_vec(&table(def, &items, meta)).map_err(internal)?,
     };
     Ok(json_response(StatusCode::OK, body))
 }
 
-/// A JSON list of `items`, each already encoded.
-fn json_list<'a>(
+/// A JSON list of `items`, each already encoded: its length, and what appends it.
+fn json_list<W: FnOnce(&mut Vec<u8>)>(
     list_kind: &str,
     api_version: &str,
     meta: &Value,
-    items: impl Iterator<Item = &'a [u8]> + Clone,
+    items: impl Iterator<Item = (usize, W)> + Clone,
 ) -> Vec<u8> {
-    let size: usize = items.clone().map(|i| i.len() + 1).sum();
+    let size: usize = items.clone().map(|(len, _)| len + 1).sum();
     let mut b = Vec::with_capacity(size + 256);
     // Writing into a `Vec` has no failure case.
     let _ = write!(
         b,
         r#"{{"kind":"{list_kind}","apiVersion":"{api_version}","metadata":{meta},"items":["#
     );
-    for (i, item) in items.enumerate() {
+    for (i, (_, write)) in items.enumerate() {
         if i > 0 {
             b.push(b',');
         }
-        b.extend_from_slice(item);
+        write(&mut b);
     }
     b.extend_from_slice(b"]}");
     b
@@ -372,7 +375,7 @@ pub fn get(
         return Ok(response(StatusCode::OK, body, protobuf::MEDIA_TYPE));
     }
     let body = match format.render {
-        Render::Full => stored.json.to_vec(),
+        Render::Full => stored.json().into_owned(),
         Render::Metadata => stored.metadata().json().to_vec(),
         Render::Table => {
             let meta = json!({ "resourceVersion": resource_version.to_string() });
@@ -406,7 +409,7 @@ fn table(def: &ResourceDef, items: &[&Arc<Stored>], meta: Value) -> Value {
     let rows: Vec<Value> = items
         .iter()
         .map(|s| {
-            let o: Value = serde_json::from_slice(&s.json).unwrap_or_default();
+            let o: Value = serde_json::from_slice(&s.json()).unwrap_or_default();
             let object = partial_metadata(&s.object.meta(), s.resource_version);
             json!({ "cells": table_cells(def.kind, &o, now), "object": object })
         })

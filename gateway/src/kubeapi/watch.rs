@@ -31,7 +31,7 @@ use super::resource::ResourceDef;
 use super::status::StatusError;
 use crate::protobuf;
 use crate::view::metadata;
-use crate::view::{Event, EventType, ResumeError, Scope, Stored, View, frame};
+use crate::view::{Event, EventType, ResumeError, Scope, Stored, View, frame, stored_frame};
 
 /// How often an idle watch with bookmarks gets one (the API server: about every minute).
 pub const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
@@ -282,7 +282,7 @@ impl Watcher {
     fn object_frame(&self, kind: EventType, s: &Stored) -> Bytes {
         let own = kind == s.event;
         match (self.format.encoding, self.format.render) {
-            (Encoding::Json, Render::Full) => frame(kind.as_str(), &s.json),
+            (Encoding::Json, Render::Full) => stored_frame(kind, s),
             (Encoding::Json, Render::Metadata | Render::Table) => match own {
                 true => s.metadata().json_frame(),
                 false => frame(kind.as_str(), s.metadata().json()),

@@ -364,7 +364,7 @@ fn contained_snapshot(engine: &Engine) -> Vec<ContainedSnapshot> {
                 .published_keys(&c.service)
                 .iter()
                 .filter_map(|k| engine.view().get(k))
-                .filter_map(|s| serde_json::from_slice(&s.json).ok())
+                .filter_map(|s| serde_json::from_slice(&s.json()).ok())
                 .collect(),
             service: c.service,
             trigger: c.quarantine.trigger,

@@ -114,9 +114,9 @@ impl View {
                 EventType::Deleted => shelf.objects.remove(&key.id),
                 _ => shelf.objects.insert(key.id, e.object.clone()),
             };
-            s.json_bytes -= old.map_or(0, |o| o.json.len());
+            s.json_bytes -= old.map_or(0, |o| o.json_len());
             if e.kind != EventType::Deleted {
-                s.json_bytes += e.object.json.len();
+                s.json_bytes += e.object.json_len();
             }
             if s.history_len == s.history_cap {
                 s.evict_oldest();

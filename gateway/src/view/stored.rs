@@ -1,13 +1,22 @@
-//! One stored object ([`Stored`]: the object, its version, its JSON as a slice of its watch
-//! frame, and its protobuf and metadata-only forms encoded on first use) and the change events
-//! watchers receive ([`Event`]).
+//! One stored object ([`Stored`]: the object, its version, its JSON, and its protobuf and
+//! metadata-only forms encoded on first use) and the change events watchers receive
+//! ([`Event`]).
+//!
+//! A stored object's JSON is held once. For every kind but pods it is a slice of the watch
+//! frame of the event that stored it. A pod (most of what a link serves) is already held as
+//! its JSON ([`PodObject`]), shared with the engine's store: its served JSON is that JSON
+//! behind a prefix with `apiVersion`, `kind` and the resourceVersion, written where it is
+//! served, so the view holds no second copy of it. The event's frame is written whole, once,
+//! for every watcher, and lives as long as the history keeps the event.
 
+use std::borrow::Cow;
+use std::io::Write as _;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
 use super::metadata::Metadata;
-use crate::model::Object;
+use crate::model::{Object, PodObject};
 use crate::protobuf::{self, Forms};
 
 /// One stored object.
@@ -17,8 +26,9 @@ pub struct Stored {
     pub resource_version: u64,
     /// The object, as served.
     pub object: Object,
-    /// Its JSON, with `kind`, `apiVersion` and `metadata.resourceVersion`.
-    pub json: Bytes,
+    /// Its JSON, with `kind`, `apiVersion` and `metadata.resourceVersion`: read it with
+    /// [`Stored::json`] or [`Stored::write_json`].
+    json: Json,
     /// The event this state came with (its watch frames are of this type).
     pub event: EventType,
     /// Its protobuf forms, encoded when a protobuf client first asks ([`Stored::protobuf`]).
@@ -34,10 +44,23 @@ impl Stored {
     }
 
     /// Stamps `object` with a version and encodes it as the frame of a `kind` event. The
-    /// stored JSON is a slice of that frame: the object and its event share one buffer.
+    /// stored JSON is a slice of that frame (the object and its event share one buffer), or
+    /// for a pod its held JSON.
     pub(super) fn framed(object: Object, resource_version: u64, kind: EventType) -> (Self, Bytes) {
-        let value = object.to_json(&resource_version.to_string());
-        let (frame, json) = json_frame(kind, &value);
+        let (frame, json) = match &object {
+            Object::Pod(pod) => {
+                let mut b = Vec::with_capacity(pod_json_len(pod, resource_version) + 32);
+                frame_head(&mut b, kind);
+                write_pod_json(&mut b, pod, resource_version);
+                b.extend_from_slice(FRAME_END);
+                (Bytes::from(b), Json::Pod)
+            }
+            _ => {
+                let value = object.to_json(&resource_version.to_string());
+                let (frame, json) = json_frame(kind, &value);
+                (frame, Json::Framed(json))
+            }
+        };
         let stored = Self {
             resource_version,
             object,
@@ -47,6 +70,37 @@ impl Stored {
             metadata: OnceLock::new(),
         };
         (stored, frame)
+    }
+
+    /// Its JSON, with `kind`, `apiVersion` and `metadata.resourceVersion` (a pod's is written
+    /// here: prefer [`Stored::write_json`] where it goes into a buffer).
+    pub fn json(&self) -> Cow<'_, [u8]> {
+        match &self.json {
+            Json::Framed(json) => Cow::Borrowed(json),
+            Json::Pod => {
+                let mut b = Vec::with_capacity(self.json_len());
+                self.write_json(&mut b);
+                Cow::Owned(b)
+            }
+        }
+    }
+
+    /// Appends its JSON to `out`.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match (&self.json, &self.object) {
+            (Json::Pod, Object::Pod(pod)) => write_pod_json(out, pod, self.resource_version),
+            (Json::Framed(json), _) => out.extend_from_slice(json),
+            (Json::Pod, _) => unreachable!("only a pod is held as Json::Pod"),
+        }
+    }
+
+    /// The length of its JSON.
+    pub fn json_len(&self) -> usize {
+        match (&self.json, &self.object) {
+            (Json::Pod, Object::Pod(pod)) => pod_json_len(pod, self.resource_version),
+            (Json::Framed(json), _) => json.len(),
+            (Json::Pod, _) => unreachable!("only a pod is held as Json::Pod"),
+        }
     }
 
     /// Its protobuf forms, encoded on the first call and kept; `None` for a kind without one.
@@ -79,12 +133,55 @@ impl Stored {
     }
 }
 
-/// The watch frame of a `kind` event carrying `value`, and the object's JSON, a slice of it.
-pub(super) fn json_frame(kind: EventType, value: &serde_json::Value) -> (Bytes, Bytes) {
-    let mut b = Vec::with_capacity(256);
+/// Where a stored object's JSON is.
+#[derive(Debug)]
+enum Json {
+    /// A slice of the frame it was stored with.
+    Framed(Bytes),
+    /// A pod's: its held JSON behind [`pod_json_head`] ([`write_pod_json`]).
+    Pod,
+}
+
+/// A pod's served JSON up to its resourceVersion: `apiVersion` and `kind` (those of
+/// [`crate::model::Kind::Pod`]), then `metadata` opened. The version, its closing quote and the pod's held
+/// JSON from inside its `metadata` on follow ([`write_pod_json`]).
+const POD_HEAD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"resourceVersion":""#;
+
+/// What follows the version: its closing quote, and a comma when the pod's metadata has
+/// fields; then the rest of the pod's JSON.
+fn pod_json_rest(pod: &PodObject) -> (&'static str, &str) {
+    let rest = pod.json_in_metadata();
+    (if rest.starts_with('}') { "\"" } else { "\"," }, rest)
+}
+
+/// Appends a pod's served JSON to `out`.
+fn write_pod_json(out: &mut Vec<u8>, pod: &PodObject, resource_version: u64) {
+    let (sep, rest) = pod_json_rest(pod);
+    out.extend_from_slice(POD_HEAD.as_bytes());
+    // Writing into a `Vec` has no failure case.
+    let _ = write!(out, "{resource_version}");
+    out.extend_from_slice(sep.as_bytes());
+    out.extend_from_slice(rest.as_bytes());
+}
+
+/// The length of a pod's served JSON.
+fn pod_json_len(pod: &PodObject, resource_version: u64) -> usize {
+    let (sep, rest) = pod_json_rest(pod);
+    let digits = resource_version.checked_ilog10().unwrap_or(0) as usize + 1;
+    POD_HEAD.len() + digits + sep.len() + rest.len()
+}
+
+/// Starts the watch frame of a `kind` event in `b`: what precedes the object.
+fn frame_head(b: &mut Vec<u8>, kind: EventType) {
     b.extend_from_slice(FRAME_TYPE);
     b.extend_from_slice(kind.as_str().as_bytes());
     b.extend_from_slice(FRAME_OBJECT);
+}
+
+/// The watch frame of a `kind` event carrying `value`, and the object's JSON, a slice of it.
+pub(super) fn json_frame(kind: EventType, value: &serde_json::Value) -> (Bytes, Bytes) {
+    let mut b = Vec::with_capacity(256);
+    frame_head(&mut b, kind);
     let start = b.len();
     // Writing a `Value` into a `Vec` has no failure case (its keys are strings).
     let _ = serde_json::to_writer(&mut b, value);
@@ -109,6 +206,15 @@ pub fn frame(kind: &str, object_json: &[u8]) -> Bytes {
     b.extend_from_slice(kind.as_bytes());
     b.extend_from_slice(FRAME_OBJECT);
     b.extend_from_slice(object_json);
+    b.extend_from_slice(FRAME_END);
+    b.into()
+}
+
+/// The watch frame of a `kind` event carrying `stored`.
+pub fn stored_frame(kind: EventType, stored: &Stored) -> Bytes {
+    let mut b = Vec::with_capacity(stored.json_len() + 32);
+    frame_head(&mut b, kind);
+    stored.write_json(&mut b);
     b.extend_from_slice(FRAME_END);
     b.into()
 }

@@ -1,6 +1,7 @@
 //! The view's tests: versions, history and resume, fan-out per kind, shared buffers.
 
 use super::*;
+use std::borrow::Cow;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -25,7 +26,7 @@ fn versions_are_monotonic_never_zero_and_stamped_in_the_json() {
     assert_eq!(e1[0].kind, EventType::Added);
     assert_eq!(e2[0].kind, EventType::Modified);
     assert!(e2[0].resource_version > e1[0].resource_version);
-    let json: serde_json::Value = serde_json::from_slice(&e2[0].object.json).expect("json");
+    let json: serde_json::Value = serde_json::from_slice(&e2[0].object.json()).expect("json");
     assert_eq!(json["kind"], "Service");
     assert_eq!(json["apiVersion"], "v1");
     assert_eq!(
@@ -46,7 +47,7 @@ fn json_bytes_follow_what_is_served() {
         v.list(Kind::Service)
             .items
             .iter()
-            .map(|s| s.json.len())
+            .map(|s| s.json_len())
             .sum()
     };
     assert_eq!(view.json_bytes(), sum(&view));
@@ -194,7 +195,10 @@ async fn a_pod_burst_neither_lags_nor_expires_a_service_watcher() {
 fn a_stored_object_and_its_event_share_one_buffer() {
     let view = View::new(1, 100);
     let e = view.apply([Change::Upsert(mk_service("a", "1"))]);
-    let (json, frame) = (&e[0].object.json, &e[0].frame);
+    let (json, frame) = (e[0].object.json(), &e[0].frame);
+    let Cow::Borrowed(json) = json else {
+        panic!("a service's JSON is held")
+    };
     let start = frame.len() - json.len() - 2;
     assert_eq!(
         &frame[..],
@@ -206,6 +210,45 @@ fn a_stored_object_and_its_event_share_one_buffer() {
     );
     let framed: serde_json::Value = serde_json::from_slice(frame).expect("a JSON line");
     assert_eq!(framed["object"]["metadata"]["name"], "a");
+}
+
+#[test]
+fn a_pods_json_is_its_held_json_behind_its_version() {
+    use k8s_openapi::api::core::v1::Pod;
+    let pod = |meta: serde_json::Value| -> Object {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": meta,
+            "spec": {"containers": [{"name": "app"}]},
+            "status": {"podIP": "10.0.0.1"}
+        }))
+        .expect("a pod");
+        Object::Pod(Arc::new(pod.into()))
+    };
+    for object in [
+        pod(serde_json::json!({"name": "web-0", "namespace": "prod", "labels": {"app": "web"}})),
+        pod(serde_json::json!({})),
+    ] {
+        for rv in [7, 10, 123_456_789] {
+            let (stored, frame) = Stored::framed(object.clone(), rv, EventType::Modified);
+            let json = stored.json();
+            assert!(
+                matches!(json, Cow::Owned(_)),
+                "written from the pod's held JSON, not held again"
+            );
+            assert_eq!(json.len(), stored.json_len());
+            let served: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+            assert_eq!(served, object.to_json(&rv.to_string()), "rv {rv}");
+            assert_eq!(
+                &frame[..],
+                [&b"{\"type\":\"MODIFIED\",\"object\":"[..], &json, b"}\n"].concat()
+            );
+            assert_eq!(
+                Object::from_json(served).expect("reads back"),
+                object,
+                "a saved view reads it back"
+            );
+        }
+    }
 }
 
 #[test]
@@ -294,7 +337,7 @@ fn a_key_changed_several_times_in_one_batch_gets_an_event_each() {
     assert!(Arc::ptr_eq(previous, &e[0].object));
     assert_eq!(e[2].object.object, mk_service("a", "2"));
     assert_eq!(view.get(&key).expect("a").object, mk_service("a", "3"));
-    assert_eq!(view.json_bytes(), e[3].object.json.len());
+    assert_eq!(view.json_bytes(), e[3].object.json_len());
     let (history, _) = view
         .watch_from(Kind::Service, versions[0] - 1)
         .expect("resume");

@@ -249,7 +249,7 @@ async fn growing_published_endpoints_fetches_exactly_the_new_pods() {
         .find(|s| s.object.meta().name.as_deref() == Some("web-3"))
         .expect("web-3 is served");
     assert!(
-        !std::str::from_utf8(&web3.json)
+        !std::str::from_utf8(&web3.json())
             .expect("JSON")
             .contains(r#""status":"True""#),
         "served as the remote holds it now, not Ready"
