@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use super::cap::{self, EndpointKey};
 use super::store::Store;
@@ -82,8 +83,9 @@ pub struct Publisher {
     groups: HashMap<Group, Published>,
     /// Published objects shared by several groups (a pod behind two services), by count.
     obj_refs: HashMap<ObjKey, u32>,
-    /// Pod -> the services whose selection points at it.
-    wanted: HashMap<NsName, Vec<NsName>>,
+    /// Pod -> the services whose selection points at it: one, held inline, but for a pod
+    /// behind several services.
+    wanted: HashMap<NsName, SmallVec<[NsName; 1]>>,
     /// Pods asked for and not seen since.
     fetching: HashSet<NsName>,
     /// The publication count at which a full `fetching` may be scanned again.
@@ -176,7 +178,7 @@ impl Publisher {
 
     /// The services whose selection points at the pod.
     pub fn wanting(&self, pod: &NsName) -> &[NsName] {
-        self.wanted.get(pod).map_or(&[], Vec::as_slice)
+        self.wanted.get(pod).map_or(&[], SmallVec::as_slice)
     }
 
     /// Pods wanted by some group.
@@ -424,7 +426,12 @@ fn desired_service(
         objects,
         endpoints: capped.published,
         truncated: capped.truncated,
-        pods: pods.into_keys().collect(),
+        // A held pod's name is the one its object holds: the group's set and the wanted map
+        // share it, rather than keep the copies read out of each publication's endpoints.
+        pods: pods
+            .into_keys()
+            .map(|id| store.pod(&id).map_or(id, |p| p.id().clone()))
+            .collect(),
     }
 }
 
