@@ -212,6 +212,8 @@ impl Serialize for HeldSubset {
 
 impl Serialize for EndpointsObject {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // `metadata` first: the served forms write `apiVersion`, `kind` and the version before
+        // it ([`crate::view::Stored`]).
         let mut st = s.serialize_struct("Endpoints", 2)?;
         st.serialize_field("metadata", &self.metadata)?;
         match &self.subsets {

@@ -35,10 +35,8 @@ pub struct PodObject {
     json: Box<RawValue>,
 }
 
-/// How the JSON starts: `metadata` is [`Parts`]' first field, and always an object.
-const METADATA_OPEN: &str = r#"{"metadata":{"#;
-
-/// What the JSON holds: a `Pod` without `apiVersion` and `kind`, which the served forms add.
+/// What the JSON holds: a `Pod` without `apiVersion` and `kind`, which the served forms add
+/// before its `metadata`, written first ([`crate::view::Stored`]).
 #[derive(Serialize)]
 struct Parts<'a> {
     metadata: &'a ObjectMeta,
@@ -70,14 +68,6 @@ impl PodObject {
     /// Its JSON: `metadata`, `spec` and `status`, without `apiVersion` and `kind`.
     pub fn json(&self) -> &RawValue {
         &self.json
-    }
-
-    /// Its JSON from inside `metadata` on: what follows `{"metadata":{` (the served forms
-    /// write their own fields before it).
-    pub fn json_in_metadata(&self) -> &str {
-        let json = self.json.get();
-        debug_assert!(json.starts_with(METADATA_OPEN), "Parts writes metadata first");
-        json.get(METADATA_OPEN.len()..).unwrap_or_default()
     }
 
     /// Its metadata, decoded (the rest of the JSON is skipped).

@@ -2,12 +2,14 @@
 //! metadata-only forms encoded on first use) and the change events watchers receive
 //! ([`Event`]).
 //!
-//! A stored object's JSON is held once. For every kind but pods it is a slice of the watch
-//! frame of the event that stored it. A pod (most of what a link serves) is already held as
-//! its JSON ([`PodObject`]), shared with the engine's store: its served JSON is that JSON
-//! behind a prefix with `apiVersion`, `kind` and the resourceVersion, written where it is
-//! served, so the view holds no second copy of it. The event's frame is written whole, once,
-//! for every watcher, and lives as long as the history keeps the event.
+//! A stored object's JSON is held once. Pods, EndpointSlices and Endpoints (nearly all of
+//! what a link serves) are held as their JSON already, or as their endpoints' JSON
+//! ([`crate::model::PodObject`], [`crate::model::SliceObject`]), shared with the engine's
+//! store: their served JSON is written from that where it is served (lists, initial events),
+//! behind `apiVersion`, `kind` and the resourceVersion, so the view holds no second copy. The
+//! other kinds' is a slice of the watch frame of the event that stored them. Every event's
+//! frame is written whole, once, for every watcher, and lives as long as the history keeps
+//! the event.
 
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -16,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use super::metadata::Metadata;
-use crate::model::{Object, PodObject};
+use crate::model::Object;
 use crate::protobuf::{self, Forms};
 
 /// One stored object.
@@ -48,12 +50,16 @@ impl Stored {
     /// for a pod its held JSON.
     pub(super) fn framed(object: Object, resource_version: u64, kind: EventType) -> (Self, Bytes) {
         let (frame, json) = match &object {
-            Object::Pod(pod) => {
-                let mut b = Vec::with_capacity(pod_json_len(pod, resource_version) + 32);
+            o if written_on_demand(o) => {
+                let mut b = Vec::with_capacity(1024);
                 frame_head(&mut b, kind);
-                write_pod_json(&mut b, pod, resource_version);
+                let start = b.len();
+                write_served(&mut b, o, resource_version);
+                let len = b.len() - start;
                 b.extend_from_slice(FRAME_END);
-                (Bytes::from(b), Json::Pod)
+                // Held while the history keeps the event: without its growth room.
+                b.shrink_to_fit();
+                (Bytes::from(b), Json::Written(len))
             }
             _ => {
                 let value = object.to_json(&resource_version.to_string());
@@ -77,7 +83,7 @@ impl Stored {
     pub fn json(&self) -> Cow<'_, [u8]> {
         match &self.json {
             Json::Framed(json) => Cow::Borrowed(json),
-            Json::Pod => {
+            Json::Written(_) => {
                 let mut b = Vec::with_capacity(self.json_len());
                 self.write_json(&mut b);
                 Cow::Owned(b)
@@ -87,19 +93,17 @@ impl Stored {
 
     /// Appends its JSON to `out`.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        match (&self.json, &self.object) {
-            (Json::Pod, Object::Pod(pod)) => write_pod_json(out, pod, self.resource_version),
-            (Json::Framed(json), _) => out.extend_from_slice(json),
-            (Json::Pod, _) => unreachable!("only a pod is held as Json::Pod"),
+        match &self.json {
+            Json::Written(_) => write_served(out, &self.object, self.resource_version),
+            Json::Framed(json) => out.extend_from_slice(json),
         }
     }
 
     /// The length of its JSON.
     pub fn json_len(&self) -> usize {
-        match (&self.json, &self.object) {
-            (Json::Pod, Object::Pod(pod)) => pod_json_len(pod, self.resource_version),
-            (Json::Framed(json), _) => json.len(),
-            (Json::Pod, _) => unreachable!("only a pod is held as Json::Pod"),
+        match &self.json {
+            Json::Written(len) => *len,
+            Json::Framed(json) => json.len(),
         }
     }
 
@@ -138,37 +142,54 @@ impl Stored {
 enum Json {
     /// A slice of the frame it was stored with.
     Framed(Bytes),
-    /// A pod's: its held JSON behind [`pod_json_head`] ([`write_pod_json`]).
-    Pod,
+    /// Written from the object where it is served ([`write_served`]); its length.
+    Written(usize),
 }
 
-/// A pod's served JSON up to its resourceVersion: `apiVersion` and `kind` (those of
-/// [`crate::model::Kind::Pod`]), then `metadata` opened. The version, its closing quote and the pod's held
-/// JSON from inside its `metadata` on follow ([`write_pod_json`]).
-const POD_HEAD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"resourceVersion":""#;
+/// How the held JSON of a kind written on demand starts: `metadata` first, always an object.
+const METADATA_OPEN: &str = r#"{"metadata":{"#;
 
-/// What follows the version: its closing quote, and a comma when the pod's metadata has
-/// fields; then the rest of the pod's JSON.
-fn pod_json_rest(pod: &PodObject) -> (&'static str, &str) {
-    let rest = pod.json_in_metadata();
-    (if rest.starts_with('}') { "\"" } else { "\"," }, rest)
+/// True for the kinds whose served JSON is written from the held object where it is served
+/// (the module docs say why); the others keep theirs as a slice of their frame.
+fn written_on_demand(object: &Object) -> bool {
+    matches!(
+        object,
+        Object::Pod(_) | Object::EndpointSlice(_) | Object::Endpoints(_)
+    )
 }
 
-/// Appends a pod's served JSON to `out`.
-fn write_pod_json(out: &mut Vec<u8>, pod: &PodObject, resource_version: u64) {
-    let (sep, rest) = pod_json_rest(pod);
-    out.extend_from_slice(POD_HEAD.as_bytes());
+/// Appends the served JSON of `object` (a kind [`written_on_demand`]) to `out`: `apiVersion`,
+/// `kind`, `metadata` opened with the version, then the object's own JSON from inside its
+/// `metadata` on (a pod's is held as it is; a slice's or an Endpoints' endpoints are).
+fn write_served(out: &mut Vec<u8>, object: &Object, resource_version: u64) {
+    let kind = object.kind();
     // Writing into a `Vec` has no failure case.
-    let _ = write!(out, "{resource_version}");
-    out.extend_from_slice(sep.as_bytes());
+    let _ = write!(
+        out,
+        r#"{{"apiVersion":"{}","kind":"{}","metadata":{{"resourceVersion":"{resource_version}""#,
+        kind.api_version(),
+        kind.name(),
+    );
+    let encoded;
+    let json = match object {
+        Object::Pod(pod) => pod.json().get(),
+        Object::EndpointSlice(s) => {
+            encoded = serde_json::to_string(s.as_ref()).unwrap_or_default();
+            &encoded
+        }
+        Object::Endpoints(e) => {
+            encoded = serde_json::to_string(e.as_ref()).unwrap_or_default();
+            &encoded
+        }
+        _ => unreachable!("only the kinds written on demand"),
+    };
+    debug_assert!(json.starts_with(METADATA_OPEN), "metadata is written first");
+    let rest = json.get(METADATA_OPEN.len()..).unwrap_or("}");
+    // A comma before the metadata's own fields, if it has any.
+    if !rest.starts_with('}') {
+        out.push(b',');
+    }
     out.extend_from_slice(rest.as_bytes());
-}
-
-/// The length of a pod's served JSON.
-fn pod_json_len(pod: &PodObject, resource_version: u64) -> usize {
-    let (sep, rest) = pod_json_rest(pod);
-    let digits = resource_version.checked_ilog10().unwrap_or(0) as usize + 1;
-    POD_HEAD.len() + digits + sep.len() + rest.len()
 }
 
 /// Starts the watch frame of a `kind` event in `b`: what precedes the object.
