@@ -344,7 +344,8 @@ impl Engine {
                 }
             }
             Change::Fetched(obj) => {
-                let obj = obj.into_sanitized();
+                let mut obj = obj.into_sanitized();
+                self.publisher.share_name(&mut obj);
                 let key = obj.key();
                 if key.kind == Kind::Pod
                     && self.publisher.take_fetched(&key.id)
@@ -354,7 +355,8 @@ impl Engine {
                 }
             }
             Change::Apply(obj) => {
-                let obj = obj.into_sanitized();
+                let mut obj = obj.into_sanitized();
+                self.publisher.share_name(&mut obj);
                 let key = obj.key();
                 if key.kind == Kind::Pod {
                     self.publisher.seen(&key.id);

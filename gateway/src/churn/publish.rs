@@ -176,6 +176,18 @@ impl Publisher {
         self.wanted.contains_key(pod)
     }
 
+    /// Gives a wanted pod that arrives the name its wanted entry holds, so the pod, the
+    /// store's maps, the groups' sets and the wanted map share one allocation of it (a pod
+    /// shared elsewhere keeps its own).
+    pub fn share_name(&self, obj: &mut Object) {
+        if let Object::Pod(pod) = obj
+            && let Some((name, _)) = self.wanted.get_key_value(pod.id())
+            && let Some(pod) = Arc::get_mut(pod)
+        {
+            pod.share_id(name);
+        }
+    }
+
     /// The services whose selection points at the pod.
     pub fn wanting(&self, pod: &NsName) -> &[NsName] {
         self.wanted.get(pod).map_or(&[], SmallVec::as_slice)

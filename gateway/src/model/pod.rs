@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use super::NsName;
 
@@ -27,8 +28,8 @@ use super::NsName;
 #[derive(Clone, Debug)]
 pub struct PodObject {
     id: NsName,
-    /// The names of the ReplicaSets among its owners.
-    replicasets: Box<[Box<str>]>,
+    /// The names of the ReplicaSets among its owners (one, held inline, for nearly every pod).
+    replicasets: SmallVec<[Box<str>; 1]>,
     /// Whether its `Ready` condition is `True`.
     ready: bool,
     /// `{"metadata":..,"spec":..,"status":..}`.
@@ -50,6 +51,15 @@ impl PodObject {
     /// Its namespace and name.
     pub fn id(&self) -> &NsName {
         &self.id
+    }
+
+    /// Holds `id`, an equal name held elsewhere, as its own, so the two share one
+    /// allocation.
+    pub fn share_id(&mut self, id: &NsName) {
+        debug_assert_eq!(&self.id, id, "the same pod");
+        if self.id == *id {
+            self.id = id.clone();
+        }
     }
 
     /// The ReplicaSets that own it.
