@@ -230,7 +230,9 @@ pub fn list(
             &def.list_kind(),
             &def.api_version(),
             &meta,
-            items.iter().map(|s| (s.json_len(), |b: &mut Vec<u8>| s.write_json(b))),
+            items
+                .iter()
+                .map(|s| (s.json_len(), |b: &mut Vec<u8>| s.write_json(b))),
         ),
         Render::Metadata => json_list(
             metadata::LIST_KIND,

@@ -1,9 +1,9 @@
 //! The view's tests: versions, history and resume, fan-out per kind, shared buffers.
 
 use super::*;
-use std::borrow::Cow;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::borrow::Cow;
 
 fn mk_service(name: &str, label: &str) -> Object {
     Object::Service(Arc::new(Service {
