@@ -131,7 +131,7 @@ async fn a_remote_of_200000_pods_is_listed_in_pages_and_memory_stays_bounded() {
         .list(Kind::Pod)
         .items
         .iter()
-        .map(|s| s.json.len() + 1)
+        .map(|s| s.json_len() + 1)
         .sum();
     eprintln!(
         "remote of {PODS} pods built in {:?}; their list is {:.1} MiB of JSON",

@@ -52,7 +52,7 @@ fn pod_ip(view: &floodgate::view::View, name: &str) -> Option<String> {
         kind: Kind::Pod,
         id: NsName::new("prod", name),
     })?;
-    let v: serde_json::Value = serde_json::from_slice(&s.json).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&s.json()).ok()?;
     v["status"]["podIP"].as_str().map(str::to_owned)
 }
 
@@ -111,7 +111,7 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
                     kind: Kind::Endpoints,
                     id: web.clone(),
                 })
-                .is_some_and(|s| contains(&s.json, &ip))
+                .is_some_and(|s| contains(&s.json(), &ip))
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !caught_up() {

@@ -17,7 +17,7 @@ fn pod_ip(view: &floodgate::view::View, name: &str) -> Option<String> {
         kind: Kind::Pod,
         id: NsName::new("prod", name),
     })?;
-    let v: serde_json::Value = serde_json::from_slice(&s.json).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&s.json()).ok()?;
     v["status"]["podIP"].as_str().map(str::to_owned)
 }
 
