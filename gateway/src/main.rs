@@ -3,13 +3,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use floodgate::cli::{self, Cli, Command, LogFormat};
 
 /// jemalloc, with background threads that give freed pages back while the gateway idles: with
 /// glibc's malloc a link serving 100,000 pods held 1.3-1.4x its live heap (see the README's
 /// memory figures).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use floodgate::cli::{self, Cli, Command, LogFormat};
 
 /// Runs until SIGINT or SIGTERM, then drains (readiness off, watchers get a last bookmark)
 /// within `--shutdown-timeout`; a second SIGINT or SIGTERM exits at once.

@@ -195,15 +195,13 @@ impl Serialize for SliceObject {
                 s.collect_seq(self.0.iter().map(|e| &*e.json))
             }
         }
-        // `metadata` first: the served forms write `apiVersion`, `kind` and the version before
-        // it ([`crate::view::Stored`]).
         let mut st = s.serialize_struct("EndpointSlice", 4)?;
-        st.serialize_field("metadata", &self.metadata)?;
         st.serialize_field("addressType", &self.address_type)?;
         match &self.endpoints {
             Some(e) => st.serialize_field("endpoints", &Endpoints(e))?,
             None => st.skip_field("endpoints")?,
         }
+        st.serialize_field("metadata", &self.metadata)?;
         match &self.ports {
             Some(p) => st.serialize_field("ports", p)?,
             None => st.skip_field("ports")?,
