@@ -341,7 +341,7 @@ fn injector_served(stack: &Stack) -> Vec<(String, Vec<String>)> {
         .iter()
         .filter_map(|s| match &s.object {
             floodgate::model::Object::EndpointSlice(e) => {
-                let name = e.metadata.name.clone()?;
+                let name = e.metadata().name.clone()?;
                 name.starts_with("injector")
                     .then(|| (name, addresses(&e.to_slice())))
             }

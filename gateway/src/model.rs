@@ -194,7 +194,7 @@ impl Object {
     pub fn meta(&self) -> Cow<'_, ObjectMeta> {
         Cow::Borrowed(match self {
             Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => &o.metadata,
+            Object::EndpointSlice(o) => o.metadata(),
             Object::Endpoints(o) => &o.metadata,
             Object::Pod(o) => return Cow::Owned(o.metadata()),
             Object::ReplicaSet(m) => m,
@@ -222,7 +222,7 @@ impl Object {
     fn typed_meta(&self) -> Option<&ObjectMeta> {
         Some(match self {
             Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => &o.metadata,
+            Object::EndpointSlice(o) => o.metadata(),
             Object::Endpoints(o) => &o.metadata,
             Object::Pod(_) => return None,
             Object::ReplicaSet(m) => m,
@@ -265,7 +265,8 @@ impl Object {
         }
         match &mut self {
             Object::Service(x) => clean(&mut Arc::make_mut(x).metadata),
-            Object::EndpointSlice(x) => clean(&mut Arc::make_mut(x).metadata),
+            // Held without them ([`SliceObject`]).
+            Object::EndpointSlice(_) => {}
             Object::Endpoints(x) => clean(&mut Arc::make_mut(x).metadata),
             Object::Pod(_) => {}
             Object::ReplicaSet(x) => clean(Arc::make_mut(x)),
@@ -332,9 +333,10 @@ pub enum Group {
 
 /// The service an EndpointSlice belongs to, from its `kubernetes.io/service-name` label.
 pub fn slice_service(slice: &SliceObject) -> Option<NsName> {
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    let meta = slice.metadata();
+    let name = meta.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
     Some(NsName::new(
-        slice.metadata.namespace.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
         name,
     ))
 }

@@ -91,7 +91,7 @@ pub fn cap(
     out.truncated = out.total.saturating_sub(chosen.len());
     for slice in slices {
         let eps = slice.endpoints();
-        let kept = eps.iter().filter(|e| chosen.contains(e.key())).count();
+        let kept = eps.clone().filter(|e| chosen.contains(e.key())).count();
         if kept == eps.len() {
             out.slices.push(slice.clone());
         } else if kept > 0 {
@@ -243,7 +243,7 @@ mod tests {
         ];
         let c = cap(&slices, None, &HashSet::new(), 1);
         assert_eq!(c.slices.len(), 1);
-        assert_eq!(c.slices[0].metadata.name.as_deref(), Some("a"));
+        assert_eq!(c.slices[0].metadata().name.as_deref(), Some("a"));
     }
 
     #[test]

@@ -136,7 +136,7 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
             if let Object::EndpointSlice(s) = slice {
                 p.pods.extend(s.pod_refs());
                 p.endpoints
-                    .extend(s.endpoints().iter().map(|e| e.key().to_owned()));
+                    .extend(s.endpoints().map(|e| e.key().to_owned()));
             }
         }
         if let Some(ep @ Object::Endpoints(e)) = objects.get(&key(Kind::Endpoints, svc.clone())) {

@@ -325,10 +325,9 @@ impl Store {
 /// Endpoints that differ between two states of a slice: added, removed, or changed (matched
 /// by their first address; a new address is a removal and an addition).
 fn endpoints_changed(old: Option<&SliceObject>, new: Option<&SliceObject>) -> usize {
-    fn by_address(s: Option<&SliceObject>) -> HashMap<&str, &SliceEndpoint> {
-        s.map(SliceObject::endpoints)
-            .unwrap_or_default()
-            .iter()
+    fn by_address(s: Option<&SliceObject>) -> HashMap<&str, SliceEndpoint<'_>> {
+        s.into_iter()
+            .flat_map(SliceObject::endpoints)
             .map(|e| (e.first_address(), e))
             .collect()
     }

@@ -34,7 +34,9 @@ pub fn build<'a>(
     let Some(service) = service else {
         return snap;
     };
-    for slice in slices {
+    for held in slices {
+        // Decoded once: its ports and every endpoint are read.
+        let slice = held.to_slice();
         for p in slice.ports.iter().flatten() {
             let port = Port {
                 name: p.name.clone().unwrap_or_default(),
@@ -49,9 +51,10 @@ pub fn build<'a>(
         let slice_ns = slice.metadata.namespace.as_deref().unwrap_or(&id.namespace);
         snap.endpoints.extend(
             slice
-                .endpoints()
+                .endpoints
                 .iter()
-                .map(|e| endpoint(&e.decode(), slice_ns)),
+                .flatten()
+                .map(|e| endpoint(e, slice_ns)),
         );
     }
     let annotation = |key: &str| {

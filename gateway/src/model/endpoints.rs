@@ -181,7 +181,7 @@ impl EndpointsObject {
         self.subsets()
             .iter()
             .flat_map(HeldSubset::addresses)
-            .filter_map(move |(a, ready)| Some((raw_pod_ref(&a.json, owner)?, ready)))
+            .filter_map(move |(a, ready)| Some((raw_pod_ref(a.json.get(), owner)?, ready)))
     }
 }
 

@@ -1,73 +1,100 @@
-//! An EndpointSlice as Floodgate holds it: its metadata, address type and ports typed, and each
-//! endpoint as the JSON it encodes to, beside the two things the engine reads of every endpoint
-//! on every change (its key, the addresses, and its conditions).
+//! An EndpointSlice as Floodgate holds it: its JSON, written once, with its metadata typed
+//! beside it and, for each endpoint, where its JSON and its key lie in that JSON and whether
+//! it is ready (what the engine reads of every endpoint on every change).
 //!
 //! Why: the cap chooses among all of a selected service's endpoints, so the upstream cache
 //! holds every one of them, published or not, and a decoded k8s-openapi `Endpoint` spends its
 //! fixed layout on every field it could have (376 bytes inline, most of them `None`: the
 //! object reference alone is seven optional strings), plus an allocation per string. Held as
-//! JSON an endpoint costs its own bytes (about 150 for a pod's endpoint) and two small
-//! allocations. The typed form is rebuilt where a consumer reads an endpoint's other fields:
-//! the protobuf encoding and the gRPC snapshot, once per published version, and the pod
-//! references of published endpoints ([`SliceObject::pod_refs`]).
+//! one JSON a slice costs its own bytes, one allocation for them and 20 bytes an endpoint.
+//! The same JSON is what the view serves ([`crate::view::Stored`] writes it behind
+//! `apiVersion`, `kind` and the resourceVersion), so a published slice is held once, and a
+//! LIST copies each slice from one place (the facade benchmark's LIST of 10,000 slices was
+//! 6-14 ms slower when a slice was written from a buffer per endpoint). The typed form is
+//! rebuilt where a consumer reads an endpoint's other fields: the protobuf encoding and the
+//! gRPC snapshot, once per published version, and the pod references of published endpoints
+//! ([`SliceObject::pod_refs`]).
 //!
-//! The JSON is written by serde from a typed `Endpoint` ([`From<EndpointSlice>`]), never taken
-//! from the wire, so it always decodes back to the same `Endpoint`: [`SliceObject::to_slice`]
-//! is exact, and an object that decoded once cannot fail to decode again.
+//! The JSON is written by serde from a typed `EndpointSlice` ([`From<EndpointSlice>`]), never
+//! taken from the wire, so it always decodes back to the same slice: [`SliceObject::to_slice`]
+//! is exact, and an object that decoded once cannot fail to decode again. It is written
+//! without the upstream `resourceVersion` and `managedFields` (what
+//! [`super::Object::into_sanitized`] drops of other kinds), `metadata` first and `endpoints`
+//! last, so two states compare by their JSON and [`SliceObject::retain`] copies all but the
+//! endpoints whole.
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use super::NsName;
 
-/// One endpoint of a [`SliceObject`].
-#[derive(Clone, Debug)]
-pub struct SliceEndpoint {
-    key: Box<str>,
-    conditions: Option<EndpointConditions>,
-    json: Box<RawValue>,
+/// Where one endpoint lies in its slice's buffer.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    /// Its JSON.
+    json: (u32, u32),
+    /// Its key: the address inside its JSON (nearly every endpoint has one address), or, for
+    /// a key that is not written there as it is, its copy after the slice's JSON.
+    key: (u32, u32),
+    /// Whether it is ready (an endpoint without the condition counts as ready, as the API
+    /// documents).
+    ready: bool,
 }
 
-impl PartialEq for SliceEndpoint {
+/// One endpoint of a [`SliceObject`].
+#[derive(Clone, Copy, Debug)]
+pub struct SliceEndpoint<'a> {
+    buf: &'a str,
+    held: &'a Held,
+}
+
+impl PartialEq for SliceEndpoint<'_> {
     fn eq(&self, other: &Self) -> bool {
-        // The key and conditions are read out of the JSON, so the JSON decides.
-        self.json.get() == other.json.get()
+        // The key and readiness are read out of the JSON, so the JSON decides.
+        self.json() == other.json()
     }
 }
 
-impl SliceEndpoint {
+impl<'a> SliceEndpoint<'a> {
     /// Its identity within a service: its addresses, joined by commas.
-    pub fn key(&self) -> &str {
-        &self.key
+    pub fn key(&self) -> &'a str {
+        at(self.buf, self.held.key)
     }
 
     /// Its first address (what two states of a slice are matched by).
-    pub fn first_address(&self) -> &str {
-        self.key.split(',').next().unwrap_or_default()
+    pub fn first_address(&self) -> &'a str {
+        self.key().split(',').next().unwrap_or_default()
     }
 
     /// True when it is ready (an endpoint without the condition counts as ready, as the API
     /// documents).
     pub fn is_ready(&self) -> bool {
-        self.conditions
-            .as_ref()
-            .and_then(|c| c.ready)
-            .unwrap_or(true)
+        self.held.ready
+    }
+
+    /// Its JSON.
+    pub fn json(&self) -> &'a str {
+        at(self.buf, self.held.json)
     }
 
     /// The typed endpoint.
     pub fn decode(&self) -> Endpoint {
-        serde_json::from_str(self.json.get())
+        serde_json::from_str(self.json())
             .expect("the JSON was encoded from an Endpoint, so it decodes as one")
     }
 }
 
+/// The text of `buf` at `range` (a range [`Build`] recorded, so always on a character
+/// boundary).
+fn at(buf: &str, (start, end): (u32, u32)) -> &str {
+    &buf[start as usize..end as usize]
+}
+
 /// The pod an endpoint's or an address's JSON points at (its `targetRef`), if it is a pod.
 /// `owner` is the namespace of the object holding it, for a reference that names none.
-pub(super) fn raw_pod_ref(json: &RawValue, owner: &str) -> Option<NsName> {
+pub(super) fn raw_pod_ref(json: &str, owner: &str) -> Option<NsName> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Target<'a> {
@@ -83,9 +110,7 @@ pub(super) fn raw_pod_ref(json: &RawValue, owner: &str) -> Option<NsName> {
         #[serde(borrow, default)]
         name: Option<std::borrow::Cow<'a, str>>,
     }
-    let r = serde_json::from_str::<Target<'_>>(json.get())
-        .ok()?
-        .target_ref?;
+    let r = serde_json::from_str::<Target<'_>>(json).ok()?.target_ref?;
     if r.kind.as_deref() != Some("Pod") {
         return None;
     }
@@ -95,82 +120,206 @@ pub(super) fn raw_pod_ref(json: &RawValue, owner: &str) -> Option<NsName> {
     ))
 }
 
-impl From<Endpoint> for SliceEndpoint {
-    fn from(e: Endpoint) -> Self {
-        let json = serde_json::value::to_raw_value(&e)
-            .expect("a k8s-openapi Endpoint always encodes as JSON");
+/// An EndpointSlice held compactly (see the module docs).
+#[derive(Clone, Debug)]
+pub struct SliceObject {
+    /// Its metadata, typed (the engine reads its name, namespace and labels on every change).
+    metadata: ObjectMeta,
+    /// `{"metadata":..,"addressType":..,"ports":..,"endpoints":[..]}`, then the keys that are
+    /// not written in it as they are.
+    buf: Box<str>,
+    /// Where the JSON ends in `buf`.
+    json_end: u32,
+    /// Where its `endpoints` array opens in the JSON (`[`); `None` when the slice lists none
+    /// (the API server writes `null`).
+    endpoints_at: Option<u32>,
+    endpoints: Box<[Held]>,
+}
+
+impl PartialEq for SliceObject {
+    fn eq(&self, other: &Self) -> bool {
+        // Everything it holds is read out of the JSON.
+        self.json() == other.json()
+    }
+}
+
+impl Default for SliceObject {
+    fn default() -> Self {
+        EndpointSlice::default().into()
+    }
+}
+
+/// A position in a slice's buffer: objects over 2 MiB are refused upstream, so a buffer is
+/// far below 4 GiB.
+fn pos(n: usize) -> u32 {
+    u32::try_from(n).expect("a slice's JSON is under 4 GiB")
+}
+
+/// Where a single-address endpoint's key lies in its JSON, when it is written there as it is
+/// (serde writes `addresses` first, and an address with nothing to escape as itself).
+fn key_in(json: &[u8], key: &str) -> Option<usize> {
+    const OPEN: &[u8] = br#"{"addresses":[""#;
+    let plain = !key
+        .bytes()
+        .any(|c| c == b'"' || c == b'\\' || c == b',' || c < 0x20);
+    let rest = json.strip_prefix(OPEN)?;
+    (plain && rest.strip_prefix(key.as_bytes())?.starts_with(b"\"]")).then_some(OPEN.len())
+}
+
+/// Writes a slice's buffer: the JSON up to its endpoints, each endpoint, then the keys that
+/// are not in the JSON.
+struct Build {
+    b: Vec<u8>,
+    endpoints_at: Option<u32>,
+    held: Vec<Held>,
+    /// Endpoints whose key goes after the JSON, with the key.
+    own_keys: Vec<(usize, String)>,
+}
+
+impl Build {
+    /// Starts from `head` (`{"metadata":..` and the fields before `endpoints`, no closing
+    /// brace); `endpoints` opens the array.
+    fn new(head: &[u8], capacity: usize, endpoints: bool) -> Self {
+        let mut b = Vec::with_capacity(capacity);
+        b.extend_from_slice(head);
+        let mut endpoints_at = None;
+        if endpoints {
+            b.extend_from_slice(br#","endpoints":"#);
+            endpoints_at = Some(pos(b.len()));
+            b.push(b'[');
+        }
         Self {
-            key: e.addresses.join(",").into_boxed_str(),
-            conditions: e.conditions,
-            json,
+            b,
+            endpoints_at,
+            held: Vec::new(),
+            own_keys: Vec::new(),
+        }
+    }
+
+    /// Adds an endpoint that `write` writes, whose key is `key`.
+    fn endpoint(&mut self, write: impl FnOnce(&mut Vec<u8>), key: &str, ready: bool) {
+        if !self.held.is_empty() {
+            self.b.push(b',');
+        }
+        let start = self.b.len();
+        write(&mut self.b);
+        let end = self.b.len();
+        let key_at = match key_in(&self.b[start..end], key) {
+            Some(off) => (pos(start + off), pos(start + off + key.len())),
+            None => {
+                self.own_keys.push((self.held.len(), key.to_owned()));
+                (0, 0)
+            }
+        };
+        self.held.push(Held {
+            json: (pos(start), pos(end)),
+            key: key_at,
+            ready,
+        });
+    }
+
+    fn finish(mut self, metadata: ObjectMeta) -> SliceObject {
+        if self.endpoints_at.is_some() {
+            self.b.push(b']');
+        }
+        self.b.push(b'}');
+        let json_end = pos(self.b.len());
+        for (i, key) in self.own_keys {
+            let start = self.b.len();
+            self.b.extend_from_slice(key.as_bytes());
+            self.held[i].key = (pos(start), pos(self.b.len()));
+        }
+        let buf = String::from_utf8(self.b)
+            .expect("JSON written by serde and keys copied from strings are UTF-8");
+        SliceObject {
+            metadata,
+            buf: buf.into_boxed_str(),
+            json_end,
+            endpoints_at: self.endpoints_at,
+            endpoints: self.held.into_boxed_slice(),
         }
     }
 }
 
-/// An EndpointSlice held compactly (see the module docs).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SliceObject {
-    /// The slice's metadata.
-    pub metadata: ObjectMeta,
-    /// `addressType`.
-    pub address_type: String,
-    /// `ports`.
-    pub ports: Option<Vec<EndpointPort>>,
-    /// `endpoints`; `None` when the slice had none listed (the API server writes `null`).
-    pub endpoints: Option<Box<[SliceEndpoint]>>,
-}
-
 impl From<EndpointSlice> for SliceObject {
-    fn from(s: EndpointSlice) -> Self {
-        let mut ports = s.ports;
-        if let Some(p) = &mut ports {
-            p.shrink_to_fit();
+    /// Holds `s` without its upstream `resourceVersion` and `managedFields`.
+    fn from(mut s: EndpointSlice) -> Self {
+        s.metadata.resource_version = None;
+        s.metadata.managed_fields = None;
+        // Writing typed values into a `Vec` has no failure case (their keys are strings).
+        let mut head = Vec::with_capacity(512);
+        head.extend_from_slice(br#"{"metadata":"#);
+        let _ = serde_json::to_writer(&mut head, &s.metadata);
+        head.extend_from_slice(br#","addressType":"#);
+        let _ = serde_json::to_writer(&mut head, &s.address_type);
+        if let Some(ports) = &s.ports {
+            head.extend_from_slice(br#","ports":"#);
+            let _ = serde_json::to_writer(&mut head, ports);
         }
-        Self {
-            metadata: s.metadata,
-            address_type: s.address_type,
-            ports,
-            endpoints: s
-                .endpoints
-                .map(|v| v.into_iter().map(SliceEndpoint::from).collect()),
+        let eps = s.endpoints.as_deref();
+        let capacity = head.len() + 192 * eps.map_or(0, <[_]>::len) + 16;
+        let mut b = Build::new(&head, capacity, eps.is_some());
+        for e in eps.into_iter().flatten() {
+            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            b.endpoint(
+                |out| {
+                    let _ = serde_json::to_writer(out, e);
+                },
+                &e.addresses.join(","),
+                ready,
+            );
         }
+        b.finish(s.metadata)
     }
 }
 
 impl SliceObject {
-    /// Its endpoints (none when the slice lists none).
-    pub fn endpoints(&self) -> &[SliceEndpoint] {
-        self.endpoints.as_deref().unwrap_or_default()
+    /// Its metadata.
+    pub fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
     }
 
-    /// The same slice with only the endpoints `keep` accepts (metadata and ports shared in
-    /// value, the kept endpoints' JSON copied).
-    pub fn retain(&self, mut keep: impl FnMut(&SliceEndpoint) -> bool) -> SliceObject {
-        SliceObject {
-            metadata: self.metadata.clone(),
-            address_type: self.address_type.clone(),
-            ports: self.ports.clone(),
-            endpoints: Some(
-                self.endpoints()
-                    .iter()
-                    .filter(|e| keep(e))
-                    .cloned()
-                    .collect(),
+    /// Its JSON, without `apiVersion`, `kind` and `metadata.resourceVersion`, `metadata`
+    /// first.
+    pub fn json(&self) -> &str {
+        &self.buf[..self.json_end as usize]
+    }
+
+    /// Its endpoints (none when the slice lists none).
+    pub fn endpoints(&self) -> impl ExactSizeIterator<Item = SliceEndpoint<'_>> + Clone {
+        self.endpoints.iter().map(|held| SliceEndpoint {
+            buf: &self.buf,
+            held,
+        })
+    }
+
+    /// The same slice with only the endpoints `keep` accepts (everything but the endpoints
+    /// copied as it is written).
+    pub fn retain(&self, mut keep: impl FnMut(SliceEndpoint<'_>) -> bool) -> SliceObject {
+        let json = self.json().as_bytes();
+        let mut b = match self.endpoints_at {
+            Some(at) => Build::new(
+                &json[..at as usize - r#","endpoints":"#.len()],
+                json.len(),
+                true,
             ),
+            // Without its closing brace.
+            None => Build::new(&json[..json.len() - 1], json.len() + 16, true),
+        };
+        for e in self.endpoints().filter(|e| keep(*e)) {
+            b.endpoint(
+                |out| out.extend_from_slice(e.json().as_bytes()),
+                e.key(),
+                e.is_ready(),
+            );
         }
+        b.finish(self.metadata.clone())
     }
 
     /// The typed slice.
     pub fn to_slice(&self) -> EndpointSlice {
-        EndpointSlice {
-            metadata: self.metadata.clone(),
-            address_type: self.address_type.clone(),
-            ports: self.ports.clone(),
-            endpoints: self
-                .endpoints
-                .as_ref()
-                .map(|v| v.iter().map(SliceEndpoint::decode).collect()),
-        }
+        serde_json::from_str(self.json())
+            .expect("the JSON was encoded from an EndpointSlice, so it decodes as one")
     }
 
     /// The pods its endpoints point at.
@@ -182,38 +331,23 @@ impl SliceObject {
     pub fn pod_refs_ready(&self) -> impl Iterator<Item = (NsName, bool)> + '_ {
         let owner = self.metadata.namespace.as_deref().unwrap_or_default();
         self.endpoints()
-            .iter()
-            .filter_map(move |e| Some((raw_pod_ref(&e.json, owner)?, e.is_ready())))
+            .filter_map(move |e| Some((raw_pod_ref(e.json(), owner)?, e.is_ready())))
     }
 }
 
 impl Serialize for SliceObject {
+    /// As its JSON.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Endpoints<'a>(&'a [SliceEndpoint]);
-        impl Serialize for Endpoints<'_> {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_seq(self.0.iter().map(|e| &*e.json))
-            }
-        }
-        let mut st = s.serialize_struct("EndpointSlice", 4)?;
-        st.serialize_field("addressType", &self.address_type)?;
-        match &self.endpoints {
-            Some(e) => st.serialize_field("endpoints", &Endpoints(e))?,
-            None => st.skip_field("endpoints")?,
-        }
-        st.serialize_field("metadata", &self.metadata)?;
-        match &self.ports {
-            Some(p) => st.serialize_field("ports", p)?,
-            None => st.skip_field("ports")?,
-        }
-        st.end()
+        use serde::ser::Error as _;
+        let raw: &RawValue = serde_json::from_str(self.json()).map_err(S::Error::custom)?;
+        raw.serialize(s)
     }
 }
 
 impl<'de> Deserialize<'de> for SliceObject {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Decoded typed first: every field is checked, and the endpoints' JSON is written
-        // from typed values (the module docs say why).
+        // Decoded typed first: every field is checked, and the JSON is written from typed
+        // values (the module docs say why).
         EndpointSlice::deserialize(d).map(Self::from)
     }
 }
@@ -222,7 +356,8 @@ impl<'de> Deserialize<'de> for SliceObject {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ObjectReference;
-    use k8s_openapi::api::discovery::v1::EndpointHints;
+    use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
     fn full() -> EndpointSlice {
         EndpointSlice {
@@ -271,7 +406,34 @@ mod tests {
                     }),
                     ..Default::default()
                 },
+                // An address with characters JSON escapes: its key is not in the JSON as it is.
+                Endpoint {
+                    addresses: vec!["fe80::1\"\\".into()],
+                    ..Default::default()
+                },
+                Endpoint {
+                    addresses: vec!["10.0.0.4".into()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
             ]),
+        }
+    }
+
+    fn with_endpoints(s: &EndpointSlice, mut keep: impl FnMut(&Endpoint) -> bool) -> EndpointSlice {
+        EndpointSlice {
+            endpoints: Some(
+                s.endpoints
+                    .iter()
+                    .flatten()
+                    .filter(|e| keep(e))
+                    .cloned()
+                    .collect(),
+            ),
+            ..s.clone()
         }
     }
 
@@ -292,10 +454,16 @@ mod tests {
             "the same JSON as the typed slice"
         );
         let text = serde_json::to_string(&held).expect("encodes");
+        assert_eq!(text, held.json(), "serialized as the JSON it holds");
         let back: SliceObject = serde_json::from_str(&text).expect("decodes");
         assert_eq!(back, held, "JSON round trip");
+        assert_eq!(
+            back.endpoints().map(|e| e.key()).collect::<Vec<_>>(),
+            held.endpoints().map(|e| e.key()).collect::<Vec<_>>()
+        );
         let none = SliceObject::from(EndpointSlice {
             endpoints: None,
+            ports: None,
             ..s
         });
         assert_eq!(
@@ -303,27 +471,89 @@ mod tests {
             None,
             "no endpoints stays no endpoints"
         );
-        assert!(none.endpoints().is_empty());
+        assert_eq!(none.endpoints().len(), 0);
+    }
+
+    #[test]
+    fn the_json_starts_with_metadata_and_holds_no_upstream_version() {
+        let mut s = full();
+        s.metadata.resource_version = Some("123".into());
+        s.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        let held = SliceObject::from(s);
+        assert!(
+            held.json().starts_with(r#"{"metadata":{"labels":"#),
+            "{}",
+            held.json()
+        );
+        assert_eq!(held.metadata().resource_version, None);
+        assert_eq!(held.metadata().managed_fields, None);
+        assert_eq!(held.to_slice().metadata, *held.metadata());
+        let empty = SliceObject::default();
+        assert_eq!(empty.json(), r#"{"metadata":{},"addressType":""}"#);
     }
 
     #[test]
     fn what_the_engine_reads_is_read_out() {
         let held = SliceObject::from(full());
-        let e = held.endpoints();
+        let e: Vec<SliceEndpoint<'_>> = held.endpoints().collect();
         assert_eq!(e[0].key(), "10.0.0.1");
         assert_eq!(e[1].key(), "10.0.0.2,10.0.0.3");
         assert_eq!(e[1].first_address(), "10.0.0.2");
+        assert_eq!(
+            e[2].key(),
+            "fe80::1\"\\",
+            "an escaped address keys as itself"
+        );
         assert!(!e[0].is_ready());
         assert!(e[1].is_ready(), "no condition reads as ready");
+        assert!(e[3].is_ready());
+        for (e, typed) in e.iter().zip(full().endpoints.unwrap_or_default()) {
+            assert_eq!(e.decode(), typed);
+        }
         let pods: Vec<NsName> = held.pod_refs().collect();
         assert_eq!(
             pods,
             [NsName::new("prod", "web-0")],
             "a pod without a namespace is in the slice's; a node is no pod"
         );
-        let kept = held.retain(|e| e.key() == "10.0.0.1");
-        assert_eq!(kept.endpoints().len(), 1);
-        assert_eq!(kept.metadata, held.metadata);
+    }
+
+    #[test]
+    fn retain_holds_what_the_kept_endpoints_alone_would() {
+        let s = full();
+        let held = SliceObject::from(s.clone());
+        let keys = |h: &SliceObject| {
+            h.endpoints()
+                .map(|e| e.key().to_owned())
+                .collect::<Vec<_>>()
+        };
+        // Every subset of the four endpoints.
+        for mask in 0..16u32 {
+            let keep = |i: usize| mask & (1 << i) != 0;
+            let mut i = 0;
+            let kept = held.retain(|_| {
+                i += 1;
+                keep(i - 1)
+            });
+            let mut j = 0;
+            let expected = SliceObject::from(with_endpoints(&s, |_| {
+                j += 1;
+                keep(j - 1)
+            }));
+            assert_eq!(kept, expected, "mask {mask:04b}");
+            assert_eq!(keys(&kept), keys(&expected), "mask {mask:04b}");
+            assert_eq!(kept.to_slice(), expected.to_slice());
+            assert_eq!(kept.metadata(), held.metadata());
+        }
+        let none = SliceObject::from(EndpointSlice {
+            endpoints: None,
+            ..s.clone()
+        });
+        assert_eq!(
+            none.retain(|_| true),
+            SliceObject::from(with_endpoints(&s, |_| false)),
+            "a slice that listed none lists an empty set once retained"
+        );
     }
 
     #[test]

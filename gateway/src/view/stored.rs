@@ -2,16 +2,14 @@
 //! metadata-only forms encoded on first use) and the change events watchers receive
 //! ([`Event`]).
 //!
-//! A pod's JSON is held once. Pods (most of what a link serves) are held as their JSON
-//! already ([`crate::model::PodObject`]), shared with the engine's store: their served JSON
-//! is written from it where it is served (lists, initial events), behind `apiVersion`, `kind`
-//! and the resourceVersion, so the view holds no second copy. So is a core/v1 Endpoints' (one
-//! a service, rarely listed: encoded where it is served). Every other kind's served JSON is a
-//! slice of the watch frame of the event that stored it. EndpointSlices stay so: written from
-//! their held pieces (the metadata encoded once, each endpoint's JSON) a LIST of 10,000 took
-//! 6-14 ms more in the facade benchmark (the pieces are scattered over the heap), against 20
-//! MB held for 100,000 endpoints. Every event's frame is written whole, once, for every
-//! watcher, and lives as long as the history keeps the event.
+//! A pod's JSON is held once. Pods and EndpointSlices (most of what a link serves) are held
+//! as their JSON already ([`crate::model::PodObject`], [`crate::model::SliceObject`]), shared
+//! with the engine's store: their served JSON is written from it where it is served (lists,
+//! initial events), behind `apiVersion`, `kind` and the resourceVersion, so the view holds no
+//! second copy. So is a core/v1 Endpoints' (one a service, rarely listed: encoded where it is
+//! served). Every other kind's served JSON is a slice of the watch frame of the event that
+//! stored it. Every event's frame is written whole, once, for every watcher, and lives as long
+//! as the history keeps the event.
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
@@ -19,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use super::metadata::Metadata;
-use crate::model::{Kind, Object};
+use crate::model::Object;
 use crate::protobuf::{self, Forms};
 
 /// One stored object.
@@ -154,55 +152,49 @@ const METADATA_OPEN: &str = r#"{"metadata":{"#;
 /// True for the kinds whose served JSON is written from the held object where it is served
 /// (the module docs say why); the others keep theirs as a slice of their frame.
 fn written_on_demand(object: &Object) -> bool {
-    matches!(object, Object::Pod(_) | Object::Endpoints(_))
+    matches!(
+        object,
+        Object::Pod(_) | Object::EndpointSlice(_) | Object::Endpoints(_)
+    )
 }
 
 /// Appends the served JSON of `object` (a kind [`written_on_demand`]) to `out`: `apiVersion`,
 /// `kind`, `metadata` opened with the version, then the object's own JSON from inside its
-/// `metadata` on: a pod's as it is held, an Endpoints' encoded here (its addresses as they
-/// are held).
+/// `metadata` on: a pod's and a slice's as they are held, an Endpoints' encoded here (its
+/// addresses as they are held).
 fn write_served(out: &mut Vec<u8>, object: &Object, resource_version: u64) {
-    let kind = object.kind();
-    // What precedes the version, then the version, then a comma if the metadata has fields.
-    let head = |out: &mut Vec<u8>, metadata_has_fields: bool| {
-        out.extend_from_slice(match kind {
-            Kind::Pod => POD_HEAD,
-            _ => ENDPOINTS_HEAD,
-        });
-        // A number into a `Vec`: no failure case.
-        let _ = serde_json::to_writer(&mut *out, &resource_version);
-        out.extend_from_slice(if metadata_has_fields { b"\"," } else { b"\"" });
-    };
-    match object {
-        Object::Pod(pod) => {
-            if let Some(rest) = pod.json().get().strip_prefix(METADATA_OPEN) {
-                head(out, !rest.starts_with('}'));
-                out.extend_from_slice(rest.as_bytes());
-                return;
-            }
-        }
+    let encoded;
+    let (head, held): (&[u8], &str) = match object {
+        Object::Pod(pod) => (POD_HEAD, pod.json().get()),
+        Object::EndpointSlice(slice) => (SLICE_HEAD, slice.json()),
         Object::Endpoints(e) => {
             // One Endpoints a service, rarely listed (consumers read slices): encoded here.
-            let json = serde_json::to_string(e.as_ref()).unwrap_or_default();
-            if let Some(rest) = json.strip_prefix(METADATA_OPEN) {
-                head(out, !rest.starts_with('}'));
-                out.extend_from_slice(rest.as_bytes());
-                return;
-            }
+            encoded = serde_json::to_string(e.as_ref()).unwrap_or_default();
+            (ENDPOINTS_HEAD, &encoded)
         }
-        _ => {}
+        _ => (&[], ""),
+    };
+    if let Some(rest) = held.strip_prefix(METADATA_OPEN) {
+        out.extend_from_slice(head);
+        // A number into a `Vec`: no failure case.
+        let _ = serde_json::to_writer(&mut *out, &resource_version);
+        // A comma if the metadata has fields.
+        out.extend_from_slice(if rest.starts_with('}') { b"\"" } else { b"\"," });
+        out.extend_from_slice(rest.as_bytes());
+        return;
     }
     // Not reached: these kinds write `metadata` first (the tests hold them to it). Were one
     // not to, the general path still serves it whole.
-    debug_assert!(false, "{} writes metadata first", kind.name());
+    debug_assert!(false, "{} writes metadata first", object.kind().name());
     let value = object.to_json(&resource_version.to_string());
     let _ = serde_json::to_writer(out, &value);
 }
 
 /// What precedes the version in the served JSON of the kinds [`written_on_demand`]: their
-/// `apiVersion` and `kind` ([`Kind::api_version`], [`Kind::name`]: the tests compare), and
+/// `apiVersion` and `kind` ([`crate::model::Kind::api_version`], [`crate::model::Kind::name`]: the tests compare), and
 /// `metadata` opened.
 const POD_HEAD: &[u8] = br#"{"apiVersion":"v1","kind":"Pod","metadata":{"resourceVersion":""#;
+const SLICE_HEAD: &[u8] = br#"{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"resourceVersion":""#;
 const ENDPOINTS_HEAD: &[u8] =
     br#"{"apiVersion":"v1","kind":"Endpoints","metadata":{"resourceVersion":""#;
 

@@ -139,7 +139,7 @@ impl Remote {
                     continue;
                 };
                 let owner = slice
-                    .metadata
+                    .metadata()
                     .labels
                     .as_ref()
                     .and_then(|l| l.get(SERVICE_NAME_LABEL));

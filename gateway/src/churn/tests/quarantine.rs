@@ -174,7 +174,7 @@ async fn auto_release_backs_off_while_the_flood_persists() {
         panic!()
     };
     assert_eq!(
-        s.endpoints.as_ref().map(|e| e.len()),
+        Some(s.endpoints().len()),
         Some(1),
         "converged to the calm upstream state"
     );
