@@ -16,9 +16,6 @@ use std::sync::Arc;
 
 use crate::model::{EndpointsObject, SliceObject};
 
-/// An endpoint's identity within a service: its addresses.
-pub type EndpointKey = String;
-
 /// What the cap kept of a service.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Capped {
@@ -26,8 +23,8 @@ pub struct Capped {
     pub slices: Vec<Arc<SliceObject>>,
     /// The core/v1 Endpoints to publish, if the service has one.
     pub endpoints: Option<Arc<EndpointsObject>>,
-    /// Keys of the endpoints published, across slices and Endpoints.
-    pub published: HashSet<EndpointKey>,
+    /// Endpoints published, across slices and Endpoints (each key once).
+    pub published: usize,
     /// Upstream endpoints of the service (before the cap).
     pub total: usize,
     /// Endpoints withheld by the cap.
@@ -41,7 +38,7 @@ pub struct Capped {
 /// Returns the chosen keys and the number of distinct candidates.
 pub fn choose<'a>(
     candidates: impl IntoIterator<Item = (&'a str, bool)>,
-    previous: &HashSet<EndpointKey>,
+    previous: &HashSet<&str>,
     also: &HashSet<&str>,
     max: usize,
 ) -> (HashSet<&'a str>, usize) {
@@ -61,11 +58,31 @@ pub fn choose<'a>(
     (all.into_iter().map(|(.., k)| k).collect(), distinct)
 }
 
-/// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous`.
+/// The keys of the endpoints `slices` and `endpoints` list (what a service published, when
+/// they are what [`cap`] kept: the cap sticks to them).
+pub fn keys<'a>(
+    slices: &'a [Arc<SliceObject>],
+    endpoints: Option<&'a Arc<EndpointsObject>>,
+) -> HashSet<&'a str> {
+    slices
+        .iter()
+        .flat_map(|s| s.endpoints().map(|e| e.key()))
+        .chain(
+            endpoints
+                .into_iter()
+                .flat_map(|ep| ep.subsets())
+                .flat_map(|s| s.addresses())
+                .map(|(a, _)| a.ip()),
+        )
+        .collect()
+}
+
+/// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous` (the
+/// [`keys`] of what it published).
 pub fn cap(
     slices: &[Arc<SliceObject>],
     endpoints: Option<&Arc<EndpointsObject>>,
-    previous: &HashSet<EndpointKey>,
+    previous: &HashSet<&str>,
     max: usize,
 ) -> Capped {
     let mut out = Capped::default();
@@ -115,9 +132,9 @@ pub fn cap(
             let capped = ep.retain(|ip| chosen.contains(ip));
             out.endpoints = Some(Arc::new(capped));
         }
-        out.published.extend(chosen.into_iter().map(str::to_owned));
+        out.published = chosen.iter().filter(|k| !in_slices.contains(*k)).count();
     }
-    out.published.extend(chosen.into_iter().map(str::to_owned));
+    out.published += in_slices.len();
     out
 }
 
@@ -151,7 +168,9 @@ mod tests {
     }
 
     fn ips(c: &Capped) -> Vec<String> {
-        let mut v: Vec<String> = c.published.iter().cloned().collect();
+        let published = keys(&c.slices, c.endpoints.as_ref());
+        assert_eq!(published.len(), c.published, "the count of what it kept");
+        let mut v: Vec<String> = published.into_iter().map(str::to_owned).collect();
         v.sort();
         v
     }
@@ -217,7 +236,7 @@ mod tests {
 
     #[test]
     fn published_endpoints_stick_while_new_ones_churn() {
-        let prev: HashSet<String> = ["10.0.0.9".to_owned(), "10.0.0.8".to_owned()].into();
+        let prev: HashSet<&str> = ["10.0.0.9", "10.0.0.8"].into();
         let slices = [mk_slice(
             "a",
             &[

@@ -18,9 +18,12 @@ use k8s_openapi::api::core::v1::Service;
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use super::cap::{self, EndpointKey};
+use super::cap;
 use super::store::Store;
-use crate::model::{Group, Kind, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION};
+use crate::model::{
+    EndpointsObject, Group, Kind, NsName, ObjKey, Object, SliceObject, TOTAL_ANNOTATION,
+    TRUNCATED_ANNOTATION,
+};
 use crate::upstream::wanted::WantedPods;
 use crate::view::{Change as ViewChange, View};
 
@@ -55,8 +58,13 @@ pub struct PublishCounters {
 pub struct Published {
     /// The objects it published.
     pub objects: BTreeSet<ObjKey>,
-    /// The endpoints it published (the cap sticks to them).
-    pub endpoints: HashSet<EndpointKey>,
+    /// The slices it published (shared with the view): the cap sticks to their endpoints
+    /// ([`cap::keys`]).
+    pub slices: Vec<Arc<SliceObject>>,
+    /// The core/v1 Endpoints it published, if any (the same).
+    pub endpoints_object: Option<Arc<EndpointsObject>>,
+    /// Endpoints published, across both.
+    pub endpoints: usize,
     /// Endpoints the cap withheld.
     pub truncated: usize,
     /// The pods its kept endpoints point at.
@@ -98,7 +106,9 @@ pub struct Publisher {
 /// What a service's publication holds.
 struct Desired {
     objects: Vec<Object>,
-    endpoints: HashSet<EndpointKey>,
+    slices: Vec<Arc<SliceObject>>,
+    endpoints_object: Option<Arc<EndpointsObject>>,
+    endpoints: usize,
     truncated: usize,
     pods: BTreeSet<NsName>,
 }
@@ -107,7 +117,9 @@ impl Desired {
     fn empty() -> Self {
         Self {
             objects: Vec::new(),
-            endpoints: HashSet::new(),
+            slices: Vec::new(),
+            endpoints_object: None,
+            endpoints: 0,
             truncated: 0,
             pods: BTreeSet::new(),
         }
@@ -283,10 +295,12 @@ impl Publisher {
             c.services = c.services + u64::from(!keys.is_empty()) - u64::from(was_published);
         }
         c.endpoints_published =
-            c.endpoints_published + desired.endpoints.len() as u64 - st.endpoints.len() as u64;
+            c.endpoints_published + desired.endpoints as u64 - st.endpoints as u64;
         c.endpoints_truncated =
             c.endpoints_truncated + desired.truncated as u64 - st.truncated as u64;
         st.objects = keys;
+        st.slices = desired.slices;
+        st.endpoints_object = desired.endpoints_object;
         st.endpoints = desired.endpoints;
         st.truncated = desired.truncated;
         if st.objects.is_empty() && st.pods.is_empty() {
@@ -306,7 +320,7 @@ impl Publisher {
         if matches!(g, Group::Service(_)) && !published.objects.is_empty() {
             c.services += 1;
         }
-        c.endpoints_published += published.endpoints.len() as u64;
+        c.endpoints_published += published.endpoints as u64;
         c.endpoints_truncated += published.truncated as u64;
         for key in &published.objects {
             *self.obj_refs.entry(key.clone()).or_default() += 1;
@@ -407,7 +421,8 @@ fn desired_service(
     max: usize,
 ) -> Desired {
     let slices = store.slices_of(svc);
-    let capped = cap::cap(&slices, store.endpoints_of(svc), &previous.endpoints, max);
+    let kept = cap::keys(&previous.slices, previous.endpoints_object.as_ref());
+    let capped = cap::cap(&slices, store.endpoints_of(svc), &kept, max);
     let mut objects = vec![Object::Service(annotated(service, &capped))];
     // Each wanted pod, and whether some kept endpoint pointing at it is ready.
     let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
@@ -436,6 +451,8 @@ fn desired_service(
     }
     Desired {
         objects,
+        slices: capped.slices,
+        endpoints_object: capped.endpoints,
         endpoints: capped.published,
         truncated: capped.truncated,
         // A held pod's name is the one its object holds: the group's set and the wanted map

@@ -135,14 +135,15 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
             p.objects.insert(slice.key());
             if let Object::EndpointSlice(s) = slice {
                 p.pods.extend(s.pod_refs());
-                p.endpoints
-                    .extend(s.endpoints().map(|e| e.key().to_owned()));
+                p.slices.push(s.clone());
             }
         }
         if let Some(ep @ Object::Endpoints(e)) = objects.get(&key(Kind::Endpoints, svc.clone())) {
             p.objects.insert(ep.key());
             p.pods.extend(e.pod_refs());
+            p.endpoints_object = Some(e.clone());
         }
+        p.endpoints = super::cap::keys(&p.slices, p.endpoints_object.as_ref()).len();
         for pod in &p.pods {
             let pk = key(Kind::Pod, pod.clone());
             if let Some(Object::Pod(pod)) = objects.get(&pk) {
