@@ -392,6 +392,27 @@ async fn pods_behind_published_endpoints_are_served() {
     );
 }
 
+/// What a service publishes is the object upstream gave, shared, not a copy: a slice and a
+/// pod are each held once, for the engine's store and the view (which writes their served
+/// JSON from them).
+#[tokio::test(start_paused = true)]
+async fn a_published_slice_and_pod_are_the_objects_ingested() {
+    let slice = mk_slice("web", "web-a", &[(1, true)]);
+    let pod = mk_pod("web-1", "Running");
+    let mut e = synced(&mk_spec(), vec![mk_service("web", true), slice.clone()]);
+    apply(&mut e, pod.clone());
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    for o in [&slice, &pod] {
+        let served = e.view().get(&o.key()).expect("published");
+        let shared = match (&served.object, o) {
+            (Object::EndpointSlice(a), Object::EndpointSlice(b)) => Arc::ptr_eq(a, b),
+            (Object::Pod(a), Object::Pod(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        assert!(shared, "the {:?} is shared, not copied", o.kind());
+    }
+}
+
 /// A relist that changes nothing publishes nothing (no spurious DELETE/ADD).
 #[tokio::test(start_paused = true)]
 async fn a_relist_without_changes_publishes_nothing() {
