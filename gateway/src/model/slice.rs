@@ -23,6 +23,8 @@
 //! last, so two states compare by their JSON and [`SliceObject::retain`] copies all but the
 //! endpoints whole.
 
+use std::borrow::Cow;
+
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -177,11 +179,11 @@ struct Build {
 }
 
 impl Build {
-    /// Starts from `head` (`{"metadata":..` and the fields before `endpoints`, no closing
-    /// brace); `endpoints` opens the array.
-    fn new(head: &[u8], capacity: usize, endpoints: bool) -> Self {
+    /// Starts with what `head` writes (`{"metadata":..` and the fields before `endpoints`, no
+    /// closing brace); `endpoints` opens the array.
+    fn new(capacity: usize, head: impl FnOnce(&mut Vec<u8>), endpoints: bool) -> Self {
         let mut b = Vec::with_capacity(capacity);
-        b.extend_from_slice(head);
+        head(&mut b);
         let mut endpoints_at = None;
         if endpoints {
             b.extend_from_slice(br#","endpoints":"#);
@@ -247,25 +249,31 @@ impl From<EndpointSlice> for SliceObject {
         s.metadata.resource_version = None;
         s.metadata.managed_fields = None;
         // Writing typed values into a `Vec` has no failure case (their keys are strings).
-        let mut head = Vec::with_capacity(512);
-        head.extend_from_slice(br#"{"metadata":"#);
-        let _ = serde_json::to_writer(&mut head, &s.metadata);
-        head.extend_from_slice(br#","addressType":"#);
-        let _ = serde_json::to_writer(&mut head, &s.address_type);
-        if let Some(ports) = &s.ports {
-            head.extend_from_slice(br#","ports":"#);
-            let _ = serde_json::to_writer(&mut head, ports);
-        }
+        let head = |b: &mut Vec<u8>| {
+            b.extend_from_slice(br#"{"metadata":"#);
+            let _ = serde_json::to_writer(&mut *b, &s.metadata);
+            b.extend_from_slice(br#","addressType":"#);
+            let _ = serde_json::to_writer(&mut *b, &s.address_type);
+            if let Some(ports) = &s.ports {
+                b.extend_from_slice(br#","ports":"#);
+                let _ = serde_json::to_writer(&mut *b, ports);
+            }
+        };
         let eps = s.endpoints.as_deref();
-        let capacity = head.len() + 192 * eps.map_or(0, <[_]>::len) + 16;
-        let mut b = Build::new(&head, capacity, eps.is_some());
+        // Room for a pod's endpoint with a zone and a node (held without what is left over).
+        let capacity = 1024 + 256 * eps.map_or(0, <[_]>::len);
+        let mut b = Build::new(capacity, head, eps.is_some());
         for e in eps.into_iter().flatten() {
             let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let key = match e.addresses.as_slice() {
+                [one] => Cow::Borrowed(one.as_str()),
+                many => Cow::Owned(many.join(",")),
+            };
             b.endpoint(
                 |out| {
                     let _ = serde_json::to_writer(out, e);
                 },
-                &e.addresses.join(","),
+                &key,
                 ready,
             );
         }
@@ -297,15 +305,12 @@ impl SliceObject {
     /// copied as it is written).
     pub fn retain(&self, mut keep: impl FnMut(SliceEndpoint<'_>) -> bool) -> SliceObject {
         let json = self.json().as_bytes();
-        let mut b = match self.endpoints_at {
-            Some(at) => Build::new(
-                &json[..at as usize - r#","endpoints":"#.len()],
-                json.len(),
-                true,
-            ),
+        let head = match self.endpoints_at {
+            Some(at) => &json[..at as usize - r#","endpoints":"#.len()],
             // Without its closing brace.
-            None => Build::new(&json[..json.len() - 1], json.len() + 16, true),
+            None => &json[..json.len() - 1],
         };
+        let mut b = Build::new(json.len() + 16, |b| b.extend_from_slice(head), true);
         for e in self.endpoints().filter(|e| keep(*e)) {
             b.endpoint(
                 |out| out.extend_from_slice(e.json().as_bytes()),
