@@ -350,3 +350,49 @@ async fn a_replica_started_during_a_quarantine_serves_the_last_good_view_from_it
     b.stop().await;
     a.stop().await;
 }
+
+/// A service already over `endpointsPerService` when this replica takes the Lease, nothing
+/// changing on the remote: the replica listed the remote before it decided (the test held the
+/// Lease), and contains the service within 5 s of taking the Lease over, from the state it
+/// holds. Before, the count was checked only when a slice or the Service changed, and such a
+/// service stayed uncontained for as long as the flood was static.
+#[tokio::test]
+async fn a_service_already_over_its_threshold_is_contained_once_the_lease_is_taken() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, mut cluster) = remote(&["web", "injector"]).await;
+    cluster.scale("injector", 12, true);
+    let mut link = mk_link("east");
+    link.spec.caps.max_endpoints_per_service = 5;
+    link.spec.quarantine.when.endpoints_per_service = 8;
+    add_link(&local, "east", &sim, link).await;
+    let client = local.client(NS).expect("client");
+    let lease = held_by_the_test(&client, "east").await;
+    let b = Replica::start(&local, "replica-b").await;
+    let consumer = b.consumer("east", &token("east")).await;
+    until(30, "b serves east (capped)", async || {
+        endpoints_of(&consumer, "injector").await == 5
+    })
+    .await;
+    assert!(contained_on(b.admin).await.is_empty(), "b does not decide");
+
+    // The holder goes: its Lease is deleted, and b takes it at its next renewal.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    leases
+        .delete(&lease::lease_name("east"), &Default::default())
+        .await
+        .expect("the Lease deleted");
+    drop(lease);
+    until(30, "b holds the Lease", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-b")
+    })
+    .await;
+    let held = tokio::time::Instant::now();
+    until(
+        5,
+        "the service over its threshold is contained",
+        async || contained_on(b.admin).await == ["prod/injector"],
+    )
+    .await;
+    eprintln!("contained {:?} after b held the Lease", held.elapsed());
+    b.stop().await;
+}

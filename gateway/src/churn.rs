@@ -162,6 +162,10 @@ pub struct Engine {
     deciding: bool,
     /// After a quarantine: converge every group to upstream through the budget.
     republish: bool,
+    /// Every service is to be judged against the thresholds from the state held, not only
+    /// from the changes that come: set when this engine starts deciding (at start, on taking
+    /// the Lease, after a restore), carried out once the upstream has listed.
+    assess: bool,
     effects: Vec<Effect>,
     ingested: Ingested,
 }
@@ -189,6 +193,7 @@ impl Engine {
             },
             deciding: true,
             republish: false,
+            assess: true,
             effects: Vec::new(),
             ingested: Ingested::default(),
         }
@@ -203,6 +208,9 @@ impl Engine {
     /// Whether this engine acts on the floods it measures (true unless another replica holds
     /// the link's Lease).
     pub fn set_deciding(&mut self, deciding: bool) {
+        // A replica that takes the decisions over judges what it holds at once: a service
+        // already over its thresholds may change no more, and would never be contained.
+        self.assess |= deciding && !self.deciding;
         self.deciding = deciding;
     }
 
@@ -334,10 +342,13 @@ impl Engine {
                 self.sync.synced.insert(kind);
                 if matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints) {
                     // The upstream lists pods after Services, slices and Endpoints: know which
-                    // pods the selections will want before they come (contained services keep
-                    // theirs).
+                    // pods the selections will want before they come. A contained service that
+                    // has published wants those its frozen endpoints name already; one that
+                    // has not will publish its first capped subset, as any service.
                     for g in self.store.groups() {
-                        if !matches!(&g, Group::Service(svc) if self.containment.holds(svc)) {
+                        let frozen = matches!(&g, Group::Service(svc) if self.containment.holds(svc))
+                            && self.publisher.has_published(&g);
+                        if !frozen {
                             self.publisher.preselect(&g, &mut self.store);
                         }
                     }
@@ -431,8 +442,13 @@ impl Engine {
                 {
                     self.contain(svc, now, t);
                 }
-                if self.containment.holds(svc) && self.publisher.has_published(&g) {
-                    // Contained: served at its last published state until released.
+                if self.containment.holds(svc)
+                    && self.publisher.has_published(&g)
+                    && !matches!(key.kind, Kind::Pod | Kind::ReplicaSet)
+                {
+                    // Contained: its endpoints are served as they were published until it is
+                    // released. The pods they name are not held back: they are published as
+                    // any service's (`publish`), so consumers resolve what they are served.
                     self.ingested.contained += 1;
                     continue;
                 }
@@ -451,6 +467,21 @@ impl Engine {
         }
         if let Some(t) = self.flood.check_objects(self.store.len()) {
             self.trip(now, t);
+        }
+    }
+
+    /// Judges every selected service against the endpoint threshold from the state held, and
+    /// contains those over it.
+    fn assess_services(&mut self, now: Instant) {
+        for g in self.store.groups() {
+            if let Group::Service(svc) = &g
+                && !self.containment.holds(svc)
+                && let Some(t) = self
+                    .flood
+                    .check_endpoints(svc, self.store.endpoint_count(svc))
+            {
+                self.contain(svc, now, t);
+            }
         }
     }
 
@@ -576,6 +607,10 @@ impl Engine {
         {
             self.trip(now, self.flood.link_trigger(over));
         }
+        if self.assess && self.deciding && all_synced && !self.machine.is_frozen() {
+            self.assess = false;
+            self.assess_services(now);
+        }
         if !self.machine.is_frozen() && self.deciding {
             let (store, flood) = (&self.store, &self.flood);
             let over = |svc: &NsName| flood.check_endpoints(svc, store.endpoint_count(svc));
@@ -632,16 +667,15 @@ impl Engine {
         }
     }
 
-    /// Publishes one group, unless it is a contained service that has published already;
-    /// forgets a group whose service is gone.
+    /// Publishes one group; a contained service that has published already publishes only the
+    /// pods behind its frozen endpoints. Forgets a group whose service is gone.
     fn publish(&mut self, g: &Group) {
-        if let Group::Service(svc) = g
-            && self.containment.holds(svc)
-            && self.publisher.has_published(g)
-        {
-            return;
-        }
-        let fetch = self.publisher.publish(g, &mut self.store);
+        let frozen = matches!(g, Group::Service(svc) if self.containment.holds(svc));
+        let fetch = if frozen {
+            self.publisher.publish_frozen(g, &mut self.store)
+        } else {
+            self.publisher.publish(g, &mut self.store)
+        };
         if !fetch.is_empty() {
             self.effects.push(Effect::FetchPods(fetch));
         }

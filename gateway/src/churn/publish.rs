@@ -105,7 +105,10 @@ pub struct Publisher {
 
 /// What a service's publication holds.
 struct Desired {
+    /// Objects to serve as they are now.
     objects: Vec<Object>,
+    /// Objects that stay served as published before (a contained service's endpoints).
+    frozen: Vec<ObjKey>,
     slices: Vec<Arc<SliceObject>>,
     endpoints_object: Option<Arc<EndpointsObject>>,
     endpoints: usize,
@@ -117,6 +120,7 @@ impl Desired {
     fn empty() -> Self {
         Self {
             objects: Vec::new(),
+            frozen: Vec::new(),
             slices: Vec::new(),
             endpoints_object: None,
             endpoints: 0,
@@ -244,7 +248,7 @@ impl Publisher {
     /// in flight). A service whose state is gone upstream is published empty and forgotten.
     pub fn publish(&mut self, g: &Group, store: &mut Store) -> Vec<NsName> {
         let was_published = self.has_published(g);
-        let mut desired = match g {
+        let desired = match g {
             Group::Service(svc) => match store.service(svc) {
                 None => Desired::empty(),
                 Some(_) if !was_published && self.counters.services >= self.max_services => {
@@ -266,6 +270,46 @@ impl Publisher {
                 ..Desired::empty()
             },
         };
+        self.commit(g, desired, store)
+    }
+
+    /// Publishes a contained service's pods behind its frozen endpoints: the service, its
+    /// slices and its Endpoints stay as it published them, and the pods their kept endpoints
+    /// name are completed and kept current by the rules of any publication
+    /// ([`desired_service`]), so a consumer resolves every ready endpoint it is served. The
+    /// flood's cost stays what containment makes it: the endpoints do not move, and no pod is
+    /// served but one a kept endpoint names. Returns the wanted pods to fetch.
+    pub fn publish_frozen(&mut self, g: &Group, store: &mut Store) -> Vec<NsName> {
+        let Some(previous) = self.groups.get(g).filter(|p| !p.objects.is_empty()) else {
+            return self.publish(g, store);
+        };
+        let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
+        referred(
+            &previous.slices,
+            previous.endpoints_object.as_ref(),
+            &mut pods,
+        );
+        let desired = Desired {
+            objects: resolved(store, &pods, previous),
+            frozen: previous
+                .objects
+                .iter()
+                .filter(|k| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet))
+                .cloned()
+                .collect(),
+            slices: previous.slices.clone(),
+            endpoints_object: previous.endpoints_object.clone(),
+            endpoints: previous.endpoints,
+            truncated: previous.truncated,
+            pods: wanted_names(store, pods),
+        };
+        self.commit(g, desired, store)
+    }
+
+    /// Applies a group's desired state: the diff against what it published before goes to the
+    /// view in one step, the wanted pods are updated, and the missing ones asked for.
+    fn commit(&mut self, g: &Group, mut desired: Desired, store: &mut Store) -> Vec<NsName> {
+        let was_published = self.has_published(g);
         let missing: Vec<NsName> = desired
             .pods
             .iter()
@@ -275,7 +319,12 @@ impl Publisher {
         self.set_pods(g, std::mem::take(&mut desired.pods), store);
 
         let st = self.groups.entry(g.clone()).or_default();
-        let keys: BTreeSet<ObjKey> = desired.objects.iter().map(Object::key).collect();
+        let keys: BTreeSet<ObjKey> = desired
+            .objects
+            .iter()
+            .map(Object::key)
+            .chain(desired.frozen)
+            .collect();
         let mut changes: Vec<ViewChange> = Vec::with_capacity(desired.objects.len());
         for gone in st.objects.difference(&keys) {
             let n = self.obj_refs.entry(gone.clone()).or_default();
@@ -424,21 +473,46 @@ fn desired_service(
     let kept = cap::keys(&previous.slices, previous.endpoints_object.as_ref());
     let capped = cap::cap(&slices, store.endpoints_of(svc), &kept, max);
     let mut objects = vec![Object::Service(annotated(service, &capped))];
-    // Each wanted pod, and whether some kept endpoint pointing at it is ready.
+    objects.extend(capped.slices.iter().cloned().map(Object::EndpointSlice));
+    objects.extend(capped.endpoints.iter().cloned().map(Object::Endpoints));
     let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
+    referred(&capped.slices, capped.endpoints.as_ref(), &mut pods);
+    objects.extend(resolved(store, &pods, previous));
+    Desired {
+        objects,
+        frozen: Vec::new(),
+        slices: capped.slices,
+        endpoints_object: capped.endpoints,
+        endpoints: capped.published,
+        truncated: capped.truncated,
+        pods: wanted_names(store, pods),
+    }
+}
+
+/// Each pod the kept endpoints point at, and whether some kept endpoint pointing at it is
+/// ready.
+fn referred(
+    slices: &[Arc<SliceObject>],
+    endpoints: Option<&Arc<EndpointsObject>>,
+    pods: &mut BTreeMap<NsName, bool>,
+) {
     let mut refer = |(pod, ready): (NsName, bool)| *pods.entry(pod).or_default() |= ready;
-    for s in &capped.slices {
+    for s in slices {
         s.pod_refs_ready().for_each(&mut refer);
-        objects.push(Object::EndpointSlice(s.clone()));
     }
-    if let Some(ep) = &capped.endpoints {
+    if let Some(ep) = endpoints {
         ep.pod_refs_ready().for_each(&mut refer);
-        objects.push(Object::Endpoints(ep.clone()));
     }
+}
+
+/// The pods served of those `pods` names (see [`desired_service`] for which), held ones only,
+/// and their ReplicaSets.
+fn resolved(store: &Store, pods: &BTreeMap<NsName, bool>, previous: &Published) -> Vec<Object> {
+    let mut objects = Vec::new();
     let mut replicasets = BTreeSet::new();
-    for (id, &resolved) in &pods {
+    for (id, &ready) in pods {
         if let Some(p) = store.pod(id)
-            && (resolved || p.is_ready() || previous.serves_pod(id))
+            && (ready || p.is_ready() || previous.serves_pod(id))
         {
             replicasets.extend(p.replicasets());
             objects.push(Object::Pod(p.clone()));
@@ -449,19 +523,16 @@ fn desired_service(
             objects.push(Object::ReplicaSet(rs.clone()));
         }
     }
-    Desired {
-        objects,
-        slices: capped.slices,
-        endpoints_object: capped.endpoints,
-        endpoints: capped.published,
-        truncated: capped.truncated,
-        // A held pod's name is the one its object holds: the group's set and the wanted map
-        // share it, rather than keep the copies read out of each publication's endpoints.
-        pods: pods
-            .into_keys()
-            .map(|id| store.pod(&id).map_or(id, |p| p.id().clone()))
-            .collect(),
-    }
+    objects
+}
+
+/// The wanted pods' names. A held pod's name is the one its object holds: the group's set and
+/// the wanted map share it, rather than keep the copies read out of each publication's
+/// endpoints.
+fn wanted_names(store: &Store, pods: BTreeMap<NsName, bool>) -> BTreeSet<NsName> {
+    pods.into_keys()
+        .map(|id| store.pod(&id).map_or(id, |p| p.id().clone()))
+        .collect()
 }
 
 /// The service as published: when the cap withholds endpoints, annotated with how many of how

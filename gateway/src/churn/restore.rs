@@ -76,6 +76,8 @@ impl Engine {
             self.containment
                 .restore(&c.service, now, c.since, c.trigger, c.cooldown);
         }
+        // What was saved is judged again once the remote has listed, with the rest.
+        self.assess = true;
     }
 
     /// Puts saved objects in the view and rebuilds the groups that published them.

@@ -512,4 +512,5 @@ mod contain;
 mod prop;
 mod publish;
 mod quarantine;
+mod resolve;
 mod schedule;

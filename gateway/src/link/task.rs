@@ -111,6 +111,8 @@ pub(super) async fn run(
     let mut fetches = JoinSet::new();
     let mut next_wake: Option<Instant> = None;
     let mut transitions = Tally::default();
+    // When the link began, until its first sync is logged.
+    let mut first_sync = Some(now);
     // An operator's answer waits until its transition's effects are carried out and the new
     // state is published: whoever reads the link after a 200 sees what the 200 said.
     let mut answer = None;
@@ -127,12 +129,15 @@ pub(super) async fn run(
                     Command::ReleaseService(svc, by, reply) => {
                         (engine.release_service(&svc, now, &by), reply)
                     }
+                    // Both are carried out by the engine's next poll: now.
                     Command::FollowContainment(svc, trigger) => {
                         engine.follow_containment(&svc, now, trigger);
+                        next_wake = Some(now);
                         continue;
                     }
                     Command::SetDeciding(deciding) => {
                         engine.set_deciding(deciding);
+                        next_wake = Some(now);
                         continue;
                     }
                     Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
@@ -183,6 +188,19 @@ pub(super) async fn run(
         }
         let now = Instant::now();
         next_wake = engine.poll(now);
+        if let Some(began) = first_sync.filter(|_| engine.synced_once()) {
+            first_sync = None;
+            let held = engine
+                .objects_by_kind()
+                .map(|(k, n)| format!("{}={n}", k.name()));
+            tracing::info!(
+                took = ?now.duration_since(began),
+                objects = %held.join(" "),
+                services = engine.counters().services,
+                contained = engine.contained_count(),
+                "first sync complete: serving the view"
+            );
+        }
         for effect in engine.take_effects() {
             match effect {
                 Effect::StopUpstream => {
@@ -283,6 +301,9 @@ async fn connect_with_backoff(
     out: &Outputs,
 ) -> Remote {
     let mut backoffs = CONNECT_BACKOFF.build();
+    // The first failure is logged at WARN, the retries at DEBUG, and once more at WARN if the
+    // remote stays away past a minute.
+    let mut failing: Option<(Instant, bool)> = None;
     loop {
         let attempt = async {
             let client = connect().await?;
@@ -292,12 +313,27 @@ async fn connect_with_backoff(
         };
         match attempt.await {
             Ok((remote, version)) => {
+                if let Some((since, _)) = failing {
+                    tracing::info!(away = ?since.elapsed(), "the remote answers again");
+                }
                 out.version.send_replace(serde_json::to_value(version).ok());
                 out.has_servers.send_replace(remote.has_servers);
                 return remote;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot reach the remote");
+                match &mut failing {
+                    None => {
+                        tracing::warn!(error = %e, "cannot reach the remote; retrying with backoff");
+                        failing = Some((Instant::now(), false));
+                    }
+                    Some((since, noted @ false))
+                        if since.elapsed() >= upstream::health::LONG_OUTAGE =>
+                    {
+                        tracing::warn!(error = %e, away = ?since.elapsed(), "the remote is still unreachable");
+                        *noted = true;
+                    }
+                    Some(_) => tracing::debug!(error = %e, "cannot reach the remote"),
+                }
                 let message = format!("cannot reach the remote: {e}");
                 out.state.send_modify(|s| {
                     if s.phase != Phase::Quarantined {

@@ -1,6 +1,9 @@
 //! The engine's contract under arbitrary input (proptest): for any sequence of upstream
-//! changes, a contained service never changes downstream once it has published; once input
-//! stops every other service converges exactly to the selected upstream state, and
+//! changes, a contained service's endpoints never change downstream once it has published;
+//! every endpoint served as ready, contained or not, has its pod served soon after the pod
+//! exists upstream (the consumer resolves it: guarantee 7); once input stops every
+//! service that is not contained converges exactly to the selected upstream state, a contained
+//! one serves exactly the pods its frozen endpoints name, as upstream holds them, and
 //! publications never exceed the link's budget over any window.
 //!
 //! The expected state comes from an independent model: a map of upstream objects and the rules
@@ -187,7 +190,9 @@ impl Remote {
             }
         }
         for (svc, snap) in contained.iter_mut() {
-            let current = of_service(&published(e), svc);
+            let mut current = of_service(&published(e), svc);
+            // Frozen are its endpoints; its pods are kept current (guarantee 7).
+            current.retain(|k, _| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet));
             match snap {
                 None if !current.is_empty() => *snap = Some(current),
                 Some(before) => assert_eq!(&current, before, "contained {svc} changed"),
@@ -210,7 +215,8 @@ impl Remote {
     }
 }
 
-/// Contained services by name, with their published objects once they have published.
+/// Contained services by name, with their published endpoints (the service and its slices)
+/// once they have published.
 type Frozen = BTreeMap<String, Option<BTreeMap<ObjKey, Object>>>;
 
 /// True for the objects of one service: itself, its slices and its pods (named after it).
@@ -229,6 +235,30 @@ fn of_service(objects: &BTreeMap<ObjKey, Object>, svc: &str) -> BTreeMap<ObjKey,
         .collect()
 }
 
+/// The pods that ready endpoints served name, that exist upstream and are not served: what a
+/// consumer resolving the view (as Linkerd's destination does) would drop.
+fn unresolved(served: &BTreeMap<ObjKey, Object>, remote: &Remote) -> BTreeSet<ObjKey> {
+    served
+        .values()
+        .filter_map(|o| match o {
+            Object::EndpointSlice(s) => Some(s),
+            _ => None,
+        })
+        .flat_map(|s| s.pod_refs_ready())
+        .filter(|(_, ready)| *ready)
+        .map(|(id, _)| ObjKey {
+            kind: Kind::Pod,
+            id,
+        })
+        .filter(|k| remote.objects.contains_key(k) && !served.contains_key(k))
+        .collect()
+}
+
+/// How long a pod may be missing behind a ready endpoint served: the longest coalescing window
+/// (2 s) and a token's wait on this spec's buckets, with room to spare. A pod never published
+/// waits forever and fails this.
+const RESOLVE_WITHIN: Duration = Duration::from_secs(6);
+
 fn published(e: &Engine) -> BTreeMap<ObjKey, Object> {
     let mut out = BTreeMap::new();
     for kind in KINDS {
@@ -239,9 +269,8 @@ fn published(e: &Engine) -> BTreeMap<ObjKey, Object> {
     out
 }
 
-/// Runs `ops`, then lets time pass; returns the engine, the model and the publication counter
-/// after every step, with its instant.
-async fn replay(ops: &[Op]) -> (Engine, Remote, Vec<(Instant, u64)>, Frozen) {
+/// Runs `ops`, then lets time pass, checking after every step what a consumer would resolve.
+async fn replay(ops: &[Op]) -> Replayed {
     let mut spec = mk_spec();
     // A service with more than 6 upstream endpoints (about one in five) is contained.
     spec.quarantine.when.endpoints_per_service = 6;
@@ -255,12 +284,24 @@ async fn replay(ops: &[Op]) -> (Engine, Remote, Vec<(Instant, u64)>, Frozen) {
     let mut counts = vec![(Instant::now(), e.counters().downstream_updates)];
     let step = Duration::from_millis(50);
     let mut contained = Frozen::new();
+    // Since when each unresolved pod has been missing, and the longest wait seen.
+    let mut missing: BTreeMap<ObjKey, Instant> = BTreeMap::new();
+    let mut longest: Option<(ObjKey, Duration)> = None;
     let mut tick = |e: &mut Engine, remote: &Remote| {
         let now = Instant::now();
         e.poll(now);
         remote.answer(e, now, &mut contained);
         e.poll(now);
         counts.push((now, e.counters().downstream_updates));
+        let now_missing = unresolved(&published(e), remote);
+        missing.retain(|k, _| now_missing.contains(k));
+        for k in now_missing {
+            let since = *missing.entry(k.clone()).or_insert(now);
+            let waited = now.duration_since(since);
+            if longest.as_ref().is_none_or(|(_, d)| waited > *d) {
+                longest = Some((k, waited));
+            }
+        }
     };
     for op in ops {
         if let Op::Wait { ms } = op {
@@ -279,7 +320,24 @@ async fn replay(ops: &[Op]) -> (Engine, Remote, Vec<(Instant, u64)>, Frozen) {
         time::advance(step).await;
         tick(&mut e, &remote);
     }
-    (e, remote, counts, contained)
+    Replayed {
+        engine: e,
+        remote,
+        counts,
+        contained,
+        longest_unresolved: longest,
+    }
+}
+
+/// What a replay leaves.
+struct Replayed {
+    engine: Engine,
+    remote: Remote,
+    /// The publication counter after every step, with its instant.
+    counts: Vec<(Instant, u64)>,
+    contained: Frozen,
+    /// The pod that stayed longest unresolved behind a ready endpoint served, and how long.
+    longest_unresolved: Option<(ObjKey, Duration)>,
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -296,7 +354,17 @@ proptest! {
 
     #[test]
     fn converges_to_upstream_within_the_budget(ops in proptest::collection::vec(op(), 1..60)) {
-        let (e, remote, counts, contained) = block_on(replay(&ops));
+        let Replayed { engine: e, remote, counts, contained, longest_unresolved } =
+            block_on(replay(&ops));
+        // Guarantee 7, on every view published: a ready endpoint's pod is served soon after it
+        // exists upstream, whether its service is contained or not.
+        if let Some((pod, waited)) = &longest_unresolved {
+            prop_assert!(
+                *waited <= RESOLVE_WITHIN,
+                "{:?} was missing behind a ready endpoint for {:?} (contained: {:?})",
+                pod, waited, contained.keys().collect::<Vec<_>>()
+            );
+        }
         // Contained services keep what they froze (checked all along by `answer`); every
         // other service converges to upstream.
         let free = |k: &ObjKey| !contained.keys().any(|svc| belongs(k, svc));
@@ -322,8 +390,35 @@ proptest! {
                 );
             }
         }
-        // No pod is invented (a contained service may keep one deleted since it froze).
-        let keys: BTreeSet<_> = published(&e).into_keys().filter(|k| free(k)).collect();
-        prop_assert!(keys.iter().all(|k| k.kind != Kind::Pod || remote.objects.contains_key(k)));
+        // A contained service serves exactly the pods its frozen endpoints name, as upstream
+        // holds them: those of ready endpoints, and maybe those of not-ready ones.
+        let all = published(&e);
+        for svc in contained.keys() {
+            let mine = of_service(&all, svc);
+            let (mut required, mut maybe) = (BTreeSet::new(), BTreeSet::new());
+            for o in mine.values() {
+                if let Object::EndpointSlice(s) = o {
+                    for (id, ready) in s.pod_refs_ready() {
+                        let k = ObjKey { kind: Kind::Pod, id };
+                        if remote.objects.contains_key(&k) {
+                            if ready { required.insert(k) } else { maybe.insert(k) };
+                        }
+                    }
+                }
+            }
+            for (k, o) in mine.iter().filter(|(k, _)| k.kind == Kind::Pod) {
+                prop_assert!(
+                    required.contains(k) || maybe.contains(k),
+                    "contained {} serves {:?}, which no endpoint of it names upstream", svc, k
+                );
+                let want = remote.objects[k].clone().into_sanitized();
+                prop_assert_eq!(o, &want, "contained {} serves {:?} stale", svc, k);
+            }
+            for k in &required {
+                prop_assert!(mine.contains_key(k), "contained {} lacks {:?}", svc, k);
+            }
+        }
+        // No pod is invented.
+        prop_assert!(all.keys().all(|k| k.kind != Kind::Pod || remote.objects.contains_key(k)));
     }
 }
