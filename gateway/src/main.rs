@@ -1,5 +1,6 @@
 //! The `floodgate` binary: parse the command line, set up logging, run the command.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -78,13 +79,21 @@ fn send_command(
     })
 }
 
+/// What is logged unless `FLOODGATE_LOG` says otherwise: INFO and above, but not kube-client's
+/// line per failed request (an ERROR each time a watcher retries a remote that is down): the
+/// link logs an outage itself, once when it begins and once if it lasts
+/// (`FLOODGATE_LOG=info,kube_client=debug` shows them again).
+const DEFAULT_LOG: &str = "info,kube_client::client::builder=off";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLOODGATE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
+        // Colours for a terminal only: a log written to a file or a collector stays plain.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => logs.init(),

@@ -568,11 +568,12 @@ impl Watch<'_> {
                             // The remote answered: kube-rs relists by itself.
                             counters.forced_relists.fetch_add(1, Ordering::Relaxed);
                             tracing::info!(kind = kind.name(), error = %e, "upstream watch expired; relisting");
+                        } else if decode {
+                            tracing::warn!(kind = kind.name(), error = %e, "upstream watch frame cannot be decoded; retrying with backoff");
                         } else {
-                            if !decode {
-                                counters.health.failed(format_args!("watching {}: {e}", kind.name()));
-                            }
-                            tracing::warn!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
+                            // An outage is logged once by `health`, not once per retry.
+                            counters.health.failed(format_args!("watching {}: {e}", kind.name()));
+                            tracing::debug!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
                         }
                         continue;
                     }

@@ -24,6 +24,10 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// again within it.
 pub const QUIET: Duration = Duration::from_secs(7);
 
+/// An outage this long is logged a second time, at WARN (the first line comes when it
+/// begins): one that lasts is worth a second look, one line per retry is not.
+pub const LONG_OUTAGE: Duration = Duration::from_secs(60);
+
 /// Why and since when the remote does not answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unreachable {
@@ -49,6 +53,8 @@ impl std::fmt::Display for Unreachable {
 pub struct Health {
     state: watch::Sender<Option<Unreachable>>,
     last_failure: Mutex<Option<Instant>>,
+    /// When the outage began, and whether its length was logged.
+    down_since: Mutex<Option<(Instant, bool)>>,
 }
 
 impl Default for Health {
@@ -56,15 +62,19 @@ impl Default for Health {
         Self {
             state: watch::channel(None).0,
             last_failure: Mutex::new(None),
+            down_since: Mutex::new(None),
         }
     }
 }
 
 impl Health {
-    /// A watcher failed to reach or read the remote.
-    pub fn failed(&self, reason: impl std::fmt::Display) {
-        *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        self.state.send_if_modified(|s| {
+    /// A watcher failed to reach or read the remote. The first failure of an outage is logged
+    /// at WARN (one line an outage, however often the watchers retry); the next ones at DEBUG.
+    /// Returns true for the first.
+    pub fn failed(&self, reason: impl std::fmt::Display) -> bool {
+        let now = Instant::now();
+        *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        let first = self.state.send_if_modified(|s| {
             if s.is_some() {
                 return false;
             }
@@ -75,6 +85,33 @@ impl Health {
             });
             true
         });
+        if first {
+            *self.down_since.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, false));
+        } else {
+            tracing::debug!(%reason, "the remote is still unreachable");
+        }
+        first
+    }
+
+    /// Logs once, at WARN, an outage that has lasted past [`LONG_OUTAGE`].
+    fn note_long_outage(&self) {
+        let mut down = self.down_since.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((since, noted @ false)) = down.as_mut()
+            && since.elapsed() >= LONG_OUTAGE
+        {
+            *noted = true;
+            let reason = self
+                .state
+                .borrow()
+                .as_ref()
+                .map(|u| u.reason.clone())
+                .unwrap_or_default();
+            tracing::warn!(
+                away = ?since.elapsed(),
+                %reason,
+                "the remote is still unreachable; the link keeps serving its view"
+            );
+        }
     }
 
     /// Why the remote is unreachable, if it is.
@@ -95,7 +132,13 @@ impl Health {
             .unwrap_or_else(|e| e.into_inner())
             .is_none_or(|t| t.elapsed() >= QUIET);
         if quiet && self.state.borrow().is_some() {
-            tracing::info!("the remote answers again");
+            let down = self
+                .down_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let away = down.map(|(since, _)| since.elapsed()).unwrap_or_default();
+            tracing::info!(away = ?away, "the remote answers again");
             self.state.send_replace(None);
         }
         quiet
@@ -115,6 +158,7 @@ pub(super) async fn probe(client: Client, health: std::sync::Arc<super::Upstream
             continue;
         }
         tokio::time::sleep(PROBE_EVERY).await;
+        health.health.note_long_outage();
         let answered = tokio::time::timeout(PROBE_EVERY * 5, client.apiserver_version()).await;
         if let Ok(Ok(_)) = answered {
             health.health.clear_if_quiet();
@@ -130,9 +174,9 @@ mod tests {
     async fn the_first_failure_of_an_outage_is_kept_and_only_quiet_clears_it() {
         let h = Health::default();
         assert_eq!(h.unreachable(), None);
-        h.failed("connection refused");
+        assert!(h.failed("connection refused"), "the outage's first failure");
         let first = h.unreachable().expect("unreachable");
-        h.failed("timed out");
+        assert!(!h.failed("timed out"), "a retry is no new outage");
         assert_eq!(
             h.unreachable(),
             Some(first.clone()),
