@@ -62,16 +62,26 @@ pub struct Replica {
 impl Replica {
     /// Starts a replica named `identity` against `local`, on `127.0.0.1:0`.
     pub async fn start(local: &RunningLocal, identity: &str) -> Self {
-        Self::start_with(local, identity, None).await
+        Self::start_with(local, identity, None, fast()).await
+    }
+
+    /// Starts a replica with the production timings (15 s Leases renewed every 5 s).
+    pub async fn start_slow(local: &RunningLocal, identity: &str) -> Self {
+        Self::start_with(local, identity, None, Timing::default()).await
     }
 
     /// Starts a replica whose peer is `peer`: it shares the peer's CA and certificate (as the
     /// `floodgate-tls` Secret makes every replica do) and finds it at `--peers`.
     pub async fn start_beside(local: &RunningLocal, identity: &str, peer: &Replica) -> Self {
-        Self::start_with(local, identity, Some(peer)).await
+        Self::start_with(local, identity, Some(peer), fast()).await
     }
 
-    async fn start_with(local: &RunningLocal, identity: &str, peer: Option<&Replica>) -> Self {
+    async fn start_with(
+        local: &RunningLocal,
+        identity: &str,
+        peer: Option<&Replica>,
+        timing: Timing,
+    ) -> Self {
         let bind = async || TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let listeners = floodgate::server::Listeners {
             facade: bind().await,
@@ -109,11 +119,7 @@ impl Replica {
         let (stop, shutdown) = watch::channel(false);
         let client = local.client(NS).expect("client");
         let task = tokio::spawn(floodgate::controller::serve(
-            client,
-            args,
-            listeners,
-            fast(),
-            shutdown,
+            client, args, listeners, timing, shutdown,
         ));
         Self {
             facade: addr,

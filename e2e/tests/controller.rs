@@ -347,3 +347,44 @@ async fn a_secret_that_appears_starts_its_link_from_the_watch() {
     }
     replica.stop().await;
 }
+
+/// A rolling restart with the production Lease timings (15 s, renewed every 5 s): the holder,
+/// told to stop (SIGTERM), gives its Lease back, and the other replica, watching the Leases,
+/// takes the link over in under 2 s instead of the Lease's 15 s.
+#[tokio::test]
+async fn a_draining_holder_hands_its_links_over_at_once() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let a = Replica::start_slow(&local, "replica-a").await;
+    until(30, "a holds east's Lease", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+    })
+    .await;
+    let b = Replica::start_slow(&local, "replica-b").await;
+    let on_b = b.consumer("east", &token("east")).await;
+    // A rolling update stops the old pod once the new one is ready.
+    until(30, "b serves east and is ready", async || {
+        service_names(&on_b).await == Some(["web"].map(String::from).into())
+            && floodgate_e2e::admin::call_text(b.admin, "GET", "/readyz", None, "")
+                .await
+                .is_ok_and(|(code, _)| code == 200)
+    })
+    .await;
+    assert_eq!(lease_holder(&local, "east").as_deref(), Some("replica-a"));
+
+    let stopped = tokio::time::Instant::now();
+    let stopping = tokio::spawn(a.stop());
+    until(15, "b holds east's Lease", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-b")
+    })
+    .await;
+    let handover = stopped.elapsed();
+    eprintln!("the link was handed over {handover:?} after the holder was told to stop");
+    assert!(
+        handover < Duration::from_secs(2),
+        "handover took {handover:?}"
+    );
+    stopping.await.expect("a stopped");
+    b.stop().await;
+}

@@ -48,6 +48,9 @@ use runs::Runs;
 const STATUS_TICK: Duration = Duration::from_secs(1);
 /// At most one status write per link per this long, transitions excepted.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// How long the end of a drain waits for the Leases to be given back (a GET and a PUT each to
+/// the local API server).
+const LEASE_GIVE_BACK: Duration = Duration::from_secs(5);
 
 /// `floodgate controller`.
 #[derive(Debug, Clone, clap::Args)]
@@ -207,7 +210,8 @@ pub async fn serve(
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
-    tokio::spawn(lease::run(
+    // Kept: on shutdown it gives the held Leases back, which the drain waits for.
+    let lease_task = tokio::spawn(lease::run(
         leases,
         args.identity.clone(),
         timing.lease,
@@ -325,5 +329,13 @@ pub async fn serve(
     tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
     let drained = server.shutdown(&registry, switches, deadline).await;
     runs.stop_all();
+    // The Leases were given back when the signal came; wait for the requests to finish.
+    match tokio::time::timeout(LEASE_GIVE_BACK, lease_task).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "the lease task failed"),
+        Err(_) => {
+            tracing::warn!("the Leases were not all given back in time; they expire by themselves")
+        }
+    }
     Ok(drained?)
 }

@@ -5,7 +5,8 @@
 //! resourceVersion read (ours, or expired), or leave it (someone else's, live). A conflict is
 //! a lost race. Which links this replica holds is published on a `watch` channel; a link whose
 //! renewal fails, or is older than the lease duration, leaves the set at once, so the status
-//! writer stops before another replica can take over.
+//! writer stops before another replica can take over. A replica that drains gives its Leases
+//! back ([`give_back`]), and the others, watching the Leases, take them at once.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -16,9 +17,12 @@ use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::watch;
 
+/// What the name of every link's Lease starts with.
+const LEASE_PREFIX: &str = "floodgate-link-";
+
 /// The Lease of a link.
 pub fn lease_name(link: &str) -> String {
-    format!("floodgate-link-{link}")
+    format!("{LEASE_PREFIX}{link}")
 }
 
 /// How long a holder's claim lasts without renewal, and how often it renews.
@@ -130,22 +134,75 @@ pub async fn try_hold(
     }
 }
 
+/// Gives a held Lease back: empties its holder and shortens it to a second, so another
+/// replica takes it at once (it learns of it from its watch of the Leases, [`freed`]) instead
+/// of after `leaseDurationSeconds`. `Ok(false)`: not ours (any more), left as it is.
+pub async fn give_back(api: &Api<Lease>, link: &str, identity: &str) -> Result<bool, kube::Error> {
+    let name = lease_name(link);
+    let Some(mut lease) = api.get_opt(&name).await? else {
+        return Ok(false);
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    // Compare-and-swap on the resourceVersion read: a 409 means another replica has it now.
+    match api.replace(&name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Yields whenever a link's Lease has no holder (given back by a replica that drains, or new):
+/// the replicas that want it try at once rather than at their next renewal.
+fn freed(api: Api<Lease>) -> impl futures_util::Stream<Item = ()> + Send {
+    use futures_util::StreamExt as _;
+    use kube::runtime::WatchStreamExt as _;
+    kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|lease| async move {
+            let lease = lease.ok()?;
+            let ours = lease
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(LEASE_PREFIX));
+            let free = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_none_or(str::is_empty);
+            (ours && free).then_some(())
+        })
+}
+
 /// Keeps trying to hold the Lease of every link in `links`, publishing the set held on
-/// `held`. Runs until `shutdown`.
+/// `held`. Runs until `shutdown`; then it empties `held` (this replica decides no more) and
+/// gives back every Lease it held, so a rolling restart hands each link over at once.
 pub async fn run(
     api: Api<Lease>,
     identity: String,
     timing: LeaseTiming,
-    links: watch::Receiver<BTreeSet<String>>,
+    mut links: watch::Receiver<BTreeSet<String>>,
     held: watch::Sender<BTreeSet<String>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    use futures_util::StreamExt as _;
     let mut tick = tokio::time::interval(timing.renew);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut freed = std::pin::pin!(freed(api.clone()));
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
             _ = tick.tick() => {}
+            Some(()) = freed.next() => {}
+            // A link wanted anew is tried at once, not at the next renewal.
+            Ok(()) = links.changed() => {}
         }
         let wanted = links.borrow().clone();
         // Links no longer wanted are dropped before anything else.
@@ -174,7 +231,16 @@ pub async fn run(
             });
         }
     }
-    held.send_replace(BTreeSet::new());
+    let given = held.send_replace(BTreeSet::new());
+    for link in given {
+        match give_back(&api, &link, &identity).await {
+            Ok(true) => tracing::info!(%link, "gave the link's Lease back for another replica"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(%link, error = %e, "cannot give the link's Lease back; it expires by itself")
+            }
+        }
+    }
 }
 
 #[cfg(test)]
