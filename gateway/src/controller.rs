@@ -229,8 +229,7 @@ pub async fn serve(
         Some(phase_tx),
     ));
 
-    let commands =
-        commands::Commands::new(links_api.clone(), recorder.clone(), args.identity.clone());
+    let commands = commands::Commands::new(links_api.clone(), args.identity.clone());
     let (mut runs, mut seeded) = Runs::new(registry.clone(), shared, links_stop);
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();

@@ -8,8 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use floodgate_link_crd::Link;
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1 as events;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource as _, ResourceExt as _};
 
 use crate::command::{self, COMMAND, COMMAND_FROM, COMMAND_RESULT, Order, Outcome};
@@ -39,7 +41,6 @@ enum Slot {
 #[derive(Clone)]
 pub struct Commands {
     api: Api<Link>,
-    recorder: Recorder,
     identity: String,
     slots: Arc<Mutex<HashMap<String, Slot>>>,
 }
@@ -54,10 +55,9 @@ impl std::fmt::Debug for Commands {
 
 impl Commands {
     /// Commands for the Links of `api`, decided by replica `identity`.
-    pub fn new(api: Api<Link>, recorder: Recorder, identity: String) -> Self {
+    pub fn new(api: Api<Link>, identity: String) -> Self {
         Self {
             api,
-            recorder,
             identity,
             slots: Arc::default(),
         }
@@ -137,42 +137,17 @@ impl Commands {
     }
 
     /// An Event on the Link: Normal when the command was carried out, Warning when refused.
+    /// One Event per command, under a name of its own: kube's Recorder folds Events of one
+    /// reason and action into a series that keeps the first Event's note, so a second release
+    /// showed the first sender's name.
     fn record(&self, link: &Link, outcome: &Outcome) {
-        let from = outcome.from.as_deref().unwrap_or("an unnamed sender");
-        let ev = Event {
-            type_: if outcome.code == 200 {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            },
-            reason: match outcome.code {
-                200 => "CommandCarriedOut",
-                400 => "CommandUnreadable",
-                _ => "CommandRefused",
-            }
-            .into(),
-            note: Some(format!(
-                "{:?} from {from}: {} (decided by {})",
-                outcome.command, outcome.message, outcome.decided_by
-            )),
-            // kube's Recorder folds Events of one reason and action into a series that keeps
-            // the first note: the action names the order, so a quarantine and the release
-            // that follows stay two Events.
-            action: outcome
-                .command
-                .parse::<Order>()
-                .map_or("Command", |o| match o {
-                    Order::Release => "Release",
-                    Order::Quarantine(_) => "Quarantine",
-                    Order::ReleaseService(_) => "ReleaseService",
-                })
-                .into(),
-            secondary: None,
-        };
-        let reference = link.object_ref(&());
-        let recorder = self.recorder.clone();
+        let ev = command_event(link, outcome, &self.identity);
+        let events: Api<events::Event> = Api::namespaced(
+            self.api.clone().into_client(),
+            link.namespace().as_deref().unwrap_or("default"),
+        );
         tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&ev, &reference).await {
+            if let Err(e) = events.create(&PostParams::default(), &ev).await {
                 tracing::warn!(error = %e, "cannot record an Event");
             }
         });
@@ -272,5 +247,54 @@ impl crate::registry::Relay for LinkRelay {
             let read = || std::future::ready(Ok(links.get(&key).map(|l| (*l).clone())));
             crate::command::wait_for_result(read, &link, &from, crate::admin::RELAY_WAIT).await
         })
+    }
+}
+
+/// The Event of one command's outcome on `link`, named after the Link and the moment it was
+/// decided (unique per command). Its note names the sender, the outcome and the decider.
+fn command_event(link: &Link, outcome: &Outcome, identity: &str) -> events::Event {
+    let from = outcome.from.as_deref().unwrap_or("an unnamed sender");
+    let now = jiff::Timestamp::now();
+    let action = outcome
+        .command
+        .parse::<Order>()
+        .map_or("Command", |o| match o {
+            Order::Release => "Release",
+            Order::Quarantine(_) => "Quarantine",
+            Order::ReleaseService(_) => "ReleaseService",
+        });
+    let regarding: ObjectReference = link.object_ref(&());
+    events::Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.{:x}", link.name_any(), now.as_nanosecond())),
+            namespace: link.namespace(),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(MicroTime(now)),
+        type_: Some(
+            if outcome.code == 200 {
+                "Normal"
+            } else {
+                "Warning"
+            }
+            .into(),
+        ),
+        reason: Some(
+            match outcome.code {
+                200 => "CommandCarriedOut",
+                400 => "CommandUnreadable",
+                _ => "CommandRefused",
+            }
+            .into(),
+        ),
+        action: Some(action.into()),
+        note: Some(format!(
+            "{:?} from {from}: {} (decided by {})",
+            outcome.command, outcome.message, outcome.decided_by
+        )),
+        regarding: Some(regarding),
+        reporting_controller: Some("floodgate".into()),
+        reporting_instance: Some(identity.to_owned()),
+        ..events::Event::default()
     }
 }

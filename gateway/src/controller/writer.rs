@@ -180,7 +180,10 @@ pub fn record_event(recorder: &Recorder, link: &Link, change: &PhaseChange, note
             EventType::Warning
         },
         reason: change.to.as_str().to_owned(),
-        note: note.filter(|n| !n.is_empty()),
+        note: Some(
+            note.filter(|n| !n.is_empty())
+                .unwrap_or_else(|| phase_note(change)),
+        ),
         action: "PhaseChange".into(),
         secondary: None,
     };
@@ -191,6 +194,24 @@ pub fn record_event(recorder: &Recorder, link: &Link, change: &PhaseChange, note
             tracing::warn!(error = %e, "cannot record an Event");
         }
     });
+}
+
+/// What a phase change means, for an Event whose link has no message of its own to give.
+fn phase_note(change: &PhaseChange) -> String {
+    let from = change.from.map_or_else(
+        || "no status yet".to_owned(),
+        |p| format!("was {}", p.as_str()),
+    );
+    let what = match change.to {
+        Phase::Healthy => "the link follows its remote and publishes within its budget",
+        Phase::Throttled => {
+            "publications wait for tokens: the link's or a service's rate limit is spent; \
+             changes are coalesced, none is lost"
+        }
+        Phase::Quarantined => "the link serves its last good view until it is released",
+        Phase::Degraded => "the link cannot follow its remote; it serves its view",
+    };
+    format!("{} ({from}): {what}", change.to.as_str())
 }
 
 /// The Event of a service's containment transition: a Warning when it is contained, Normal
