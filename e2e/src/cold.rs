@@ -175,7 +175,7 @@ async fn measure(
             // The consumer reports once a second.
             next_look += Duration::from_secs(1);
             let contained = contained_services(&link).iter().any(|c| c == FLOODER);
-            resolved.look(&consumer.stats(), None, FLOODER, contained);
+            resolved.look(&consumer.stats(), None, FLOODER, contained, true);
         }
         if contained_after_s.is_none() && !contained_services(&link).is_empty() {
             contained_after_s = Some(started.elapsed().as_secs_f64());

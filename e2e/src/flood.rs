@@ -340,7 +340,9 @@ async fn drive(
             }
             let (d, v) = (rig.direct.stats(), rig.via.stats());
             let flooder_contained = now_contained.iter().any(|c| c == FLOODER);
-            resolved.look(&v, Some(&d), FLOODER, flooder_contained);
+            // The fix deletes the flood's pods: from then on a frozen view names pods that
+            // are gone, which no gateway can serve.
+            resolved.look(&v, Some(&d), FLOODER, flooder_contained, tick < fix_at);
             let [direct_mem, via_mem, floodgate_mem] = rig.memory();
             let now = now_ms();
             let sample = Sample {

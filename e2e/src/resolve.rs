@@ -113,7 +113,8 @@ impl Resolver {
 }
 
 /// What a scenario's run saw of `readyWithoutPodSettled`: the consumer behind Floodgate's
-/// (and the direct one's, for comparison), looked at once a second after the first sync.
+/// (and the direct one's, for comparison), looked at once a second after the first sync. The
+/// flooder's figures cover the flood, while its pods exist on the remote.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Resolved {
     /// Looks taken.
@@ -126,7 +127,7 @@ pub struct Resolved {
     pub calm_settled_max: u64,
     /// The flooder's highest settled figure.
     pub flooder_settled_max: u64,
-    /// The flooder's settled figure at the last look.
+    /// The flooder's settled figure at the last look while its pods existed.
     pub flooder_settled_end: u64,
     /// The flooder's settled figure at the last look while it was contained.
     pub flooder_settled_contained: Option<u64>,
@@ -141,25 +142,35 @@ pub struct Resolved {
 
 impl Resolved {
     /// Takes one look: `via` is the consumer behind Floodgate, `flooder` the flooding
-    /// service (`namespace/name`), `contained` whether the link contains it now.
+    /// service (`namespace/name`), `contained` whether the link contains it now. With
+    /// `flooder_pods_exist` false (the remote has been fixed and the flood's pods deleted),
+    /// the flooder's endpoints are not counted: a frozen view may name pods that no longer
+    /// exist, and no gateway can serve those.
     pub fn look(
         &mut self,
         via: &crate::process::ConsumerStats,
         direct: Option<&crate::process::ConsumerStats>,
         flooder: &str,
         contained: bool,
+        flooder_pods_exist: bool,
     ) {
         let settled = &via.ready_without_pod_settled;
+        let calm = via.settled_except(flooder);
         self.looks += 1;
-        self.settled_max = self.settled_max.max(settled.total);
-        self.settled_end = settled.total;
-        self.calm_settled_max = self.calm_settled_max.max(via.settled_except(flooder));
-        self.flooder_settled_max = self.flooder_settled_max.max(settled.of(flooder));
-        self.flooder_settled_end = settled.of(flooder);
-        if contained {
-            self.flooder_settled_contained = Some(settled.of(flooder));
-            self.flooder_ready_contained = Some(via.ready_of(flooder));
-            self.flooder_without_pod_contained = Some(via.ready_without_pod.of(flooder));
+        self.calm_settled_max = self.calm_settled_max.max(calm);
+        if flooder_pods_exist {
+            self.settled_max = self.settled_max.max(settled.total);
+            self.settled_end = settled.total;
+            self.flooder_settled_max = self.flooder_settled_max.max(settled.of(flooder));
+            self.flooder_settled_end = settled.of(flooder);
+            if contained {
+                self.flooder_settled_contained = Some(settled.of(flooder));
+                self.flooder_ready_contained = Some(via.ready_of(flooder));
+                self.flooder_without_pod_contained = Some(via.ready_without_pod.of(flooder));
+            }
+        } else {
+            self.settled_max = self.settled_max.max(calm);
+            self.settled_end = calm;
         }
         if let Some(d) = direct {
             self.direct_settled_max = self

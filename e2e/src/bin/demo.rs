@@ -65,7 +65,7 @@ impl Reporter for Table {
             "calm ms dir / via",
             "link phase",
             "contained",
-            "no pod (ready)"
+            "no pod / ready"
         );
     }
 
