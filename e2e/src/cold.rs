@@ -3,7 +3,9 @@
 //! own process, streaming-list informers) syncs through it.
 //!
 //! - **During a flood** (the containment issue's cold start): `pods` crash-looping pods behind
-//!   one exported service flip all along, before Floodgate starts and after. Floodgate must be
+//!   one exported service flip all along (the plan's [`FloodShape`]: by default created Ready
+//!   and named by their slices, then two in three Ready at any moment), before Floodgate
+//!   starts and after. Floodgate must be
 //!   ready, serve every calm service whole and the flooder capped, and contain the flooder.
 //! - **Calm and large** (the memory issue's cold start): `pods` ready pods spread over
 //!   `services` exported services, no flood. Floodgate holds only the pods behind the endpoints
@@ -11,6 +13,9 @@
 //!
 //! - **Wide** (what serving costs): many exported services, every endpoint under the cap, so
 //!   Floodgate serves all it holds; its memory is set beside the JSON it serves.
+//!
+//! Every scenario also reads what the consumer could resolve ([`Resolved`]): the ready
+//! endpoints it holds without their pod, the flooder's apart, once a second from its sync.
 //!
 //! Memory is Floodgate's own: the peak (`VmHWM`, the cold start included) and the steady
 //! resident size after the view has settled.
@@ -24,9 +29,10 @@ use floodgate_link_crd::LinkSpec;
 use serde::Serialize;
 
 use crate::RunningSim;
-use crate::drivers::Cluster;
-use crate::flood::contained_services;
+use crate::drivers::{Cluster, FloodShape};
+use crate::flood::{FLOODER, contained_services};
 use crate::process::{Consumer, Floodgate, memory_kib};
+use crate::resolve::Resolved;
 use crate::sim::SimStore;
 
 const CALM: [&str; 3] = ["web", "api", "billing"];
@@ -42,6 +48,8 @@ pub struct ColdPlan {
     /// Pods flipping between ready and crashed per second, before and during the start; 0
     /// for a calm remote whose pods are all ready.
     pub flips_per_sec: usize,
+    /// How the flood's pods behave.
+    pub shape: FloodShape,
     /// Whether the remote refuses streaming lists and ignores `limit` (sends each list as one
     /// body, as a real API server does for `resourceVersion=0`).
     pub one_body: bool,
@@ -76,6 +84,8 @@ pub struct ColdOutcome {
     pub view_bytes: u64,
     /// Objects the link holds from upstream, as its admin API counts them.
     pub upstream_objects: u64,
+    /// What the consumer could resolve, from its sync to the end.
+    pub resolved: Resolved,
 }
 
 /// Runs one cold start in `dir`; stops every process it started.
@@ -94,17 +104,22 @@ pub async fn run(dir: &Path, plan: &ColdPlan) -> anyhow::Result<ColdOutcome> {
     };
     for svc in &large {
         cluster.add_service(svc, true);
-        cluster.scale(svc, plan.pods / large.len(), !flooding);
+        cluster.scale(
+            svc,
+            plan.pods / large.len(),
+            !flooding || plan.shape.starts_ready(),
+        );
     }
     let sim = RunningSim::start(store, "remote-token").await?;
 
     // The flood runs before Floodgate starts and all along.
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
     let flips = plan.flips_per_sec / 10;
+    let shape = plan.shape;
     let flood = tokio::spawn(async move {
         if flips > 0 {
             loop {
-                cluster.crash_loop_step(BAD, flips);
+                cluster.flood_step(BAD, shape, flips);
                 tokio::select! {
                     _ = stop.changed() => break,
                     () = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -152,8 +167,16 @@ async fn measure(
     let mut contained_after_s = None;
     let settle_until = Instant::now() + Duration::from_secs(if flooding { 30 } else { 10 });
     let mut link = floodgate.link_state().await;
+    let mut resolved = Resolved::default();
+    let mut next_look = Instant::now();
     while Instant::now() < settle_until {
         link = floodgate.link_state().await;
+        if Instant::now() >= next_look {
+            // The consumer reports once a second.
+            next_look += Duration::from_secs(1);
+            let contained = contained_services(&link).iter().any(|c| c == FLOODER);
+            resolved.look(&consumer.stats(), None, FLOODER, contained, true);
+        }
         if contained_after_s.is_none() && !contained_services(&link).is_empty() {
             contained_after_s = Some(started.elapsed().as_secs_f64());
         }
@@ -181,6 +204,7 @@ async fn measure(
         steady_kib,
         view_bytes: n(&link["counters"]["viewBytes"]),
         upstream_objects: n(&link["counters"]["objectsHeld"]),
+        resolved,
     })
 }
 

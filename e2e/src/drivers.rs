@@ -6,6 +6,15 @@
 //! ready/serving/terminating conditions, a `targetRef` to each pod; the Endpoints controller's
 //! object kept in step (truncated at 1000 addresses with the `over-capacity` annotation, as the
 //! real one does). Only slices holding a changed pod are rewritten, as the real controller does.
+//!
+//! Pods carry what the kubelet reports (conditions, container state, restart counts: see
+//! [`pod`]); a flood takes one of the [`FloodShape`]s. A surge can also be written in a real
+//! cluster's order ([`Cluster::start_pods`], [`Cluster::create_service`],
+//! [`Cluster::name_pods`]): pods Ready first and quiet afterwards, then the Service, then the
+//! slices naming them.
+
+mod pod;
+mod surge;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,13 +24,16 @@ use floodgate::model::{
     EndpointsObject, Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL, SliceObject,
 };
 use k8s_openapi::api::core::v1::{
-    ContainerStatus, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference,
-    Pod, PodCondition, PodStatus, Service, ServicePort, ServiceSpec,
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod, Service,
+    ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{self as discovery, EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use crate::sim::SimStore;
+
+pub use pod::FloodShape;
+use pod::PodModel;
 
 /// Endpoints per slice, as the EndpointSlice controller does by default.
 pub const SLICE_SIZE: usize = 100;
@@ -31,14 +43,6 @@ pub const ENDPOINTS_MAX: usize = 1000;
 pub const EXPORTED: &str = "mirror.linkerd.io/exported";
 
 #[derive(Clone, Debug)]
-struct PodModel {
-    index: u32,
-    ip: String,
-    ready: bool,
-    restarts: i32,
-}
-
-#[derive(Clone, Debug)]
 struct ServiceModel {
     labels: BTreeMap<String, String>,
     pods: Vec<PodModel>,
@@ -46,6 +50,8 @@ struct ServiceModel {
     slices: usize,
     /// Annotations the EndpointSlice controller's slices of this service carry.
     slice_annotations: BTreeMap<String, String>,
+    /// Where a crash loop's next crash and next recovery start looking.
+    cursors: (usize, usize),
 }
 
 /// A simulated namespace of services and their deployments, writing into a [`SimStore`].
@@ -104,12 +110,45 @@ impl Cluster {
     /// Creates a service (exported with `remote-discovery` when `exported`) and its
     /// Deployment's ReplicaSet, with no pods.
     pub fn add_service(&mut self, name: &str, exported: bool) {
+        self.model(name, exported);
+        self.create_service(name);
+    }
+
+    /// The service's model and its Deployment's ReplicaSet, written once; no Service yet.
+    fn model(&mut self, name: &str, exported: bool) {
+        if self.services.contains_key(name) {
+            return;
+        }
         let mut labels: BTreeMap<String, String> = [("app".to_owned(), name.to_owned())].into();
         if exported {
             labels.insert(EXPORTED.to_owned(), "remote-discovery".to_owned());
         }
+        let rs = self.meta(
+            &format!("{name}-rs"),
+            [("app".to_owned(), name.to_owned())].into(),
+        );
+        self.store.apply([Object::ReplicaSet(Arc::new(rs))]);
+        self.services.insert(
+            name.to_owned(),
+            ServiceModel {
+                labels,
+                pods: Vec::new(),
+                next_index: 0,
+                slices: 0,
+                slice_annotations: BTreeMap::new(),
+                cursors: (0, 0),
+            },
+        );
+    }
+
+    /// Writes the Service object of a service known to the cluster (created by
+    /// [`Self::add_service`], or by [`Self::start_pods`] without one).
+    pub fn create_service(&mut self, name: &str) {
+        let Some(labels) = self.services.get(name).map(|s| s.labels.clone()) else {
+            return;
+        };
         let svc = Service {
-            metadata: self.meta(name, labels.clone()),
+            metadata: self.meta(name, labels),
             spec: Some(ServiceSpec {
                 selector: Some([("app".to_owned(), name.to_owned())].into()),
                 ports: Some(vec![ServicePort {
@@ -122,24 +161,24 @@ impl Cluster {
             }),
             ..Default::default()
         };
-        let rs = self.meta(
-            &format!("{name}-rs"),
-            [("app".to_owned(), name.to_owned())].into(),
-        );
-        self.store.apply([
-            Object::Service(Arc::new(svc)),
-            Object::ReplicaSet(Arc::new(rs)),
-        ]);
-        self.services.insert(
-            name.to_owned(),
-            ServiceModel {
-                labels,
-                pods: Vec::new(),
-                next_index: 0,
-                slices: 0,
-                slice_annotations: BTreeMap::new(),
-            },
-        );
+        self.store.apply([Object::Service(Arc::new(svc))]);
+    }
+
+    /// Adds pods to `svc` up to `replicas` (`ready` or not); returns the slices they land in.
+    fn grow(&mut self, svc: &mut ServiceModel, replicas: usize, ready: bool) -> BTreeSet<usize> {
+        let mut changed = BTreeSet::new();
+        while svc.pods.len() < replicas {
+            let ip = self.next_ip;
+            self.next_ip += 1;
+            svc.pods.push(PodModel::new(
+                svc.next_index,
+                format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255),
+                ready,
+            ));
+            svc.next_index += 1;
+            changed.insert((svc.pods.len() - 1) / SLICE_SIZE);
+        }
+        changed
     }
 
     /// Scales a service's Deployment to `replicas` pods; new pods start `ready` or not.
@@ -158,19 +197,13 @@ impl Cluster {
                 changed.insert(svc.pods.len() / SLICE_SIZE);
             }
         }
-        while svc.pods.len() < replicas {
-            let ip = self.next_ip;
-            self.next_ip += 1;
-            svc.pods.push(PodModel {
-                index: svc.next_index,
-                ip: format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255),
-                ready,
-                restarts: 0,
-            });
-            svc.next_index += 1;
-            changed.insert((svc.pods.len() - 1) / SLICE_SIZE);
-        }
-        let new_pods: Vec<Object> = svc.pods.iter().map(|p| self.pod(name, p)).collect();
+        let start = svc.pods.len();
+        changed.extend(self.grow(&mut svc, replicas, ready));
+        // Only the new pods are written: the others did not change.
+        let new_pods: Vec<Object> = svc.pods[start.min(svc.pods.len())..]
+            .iter()
+            .map(|p| self.pod(name, p))
+            .collect();
         self.store.delete(removed);
         self.store.apply(new_pods);
         self.sync(name, &mut svc, &changed);
@@ -190,9 +223,10 @@ impl Cluster {
             let i = self.flip_cursor % n;
             self.flip_cursor += 1;
             let p = &mut svc.pods[i];
-            p.ready = !p.ready;
-            if !p.ready {
-                p.restarts += 1;
+            if p.ready {
+                p.crash();
+            } else {
+                p.recover();
             }
             changed.insert(i / SLICE_SIZE);
             pods.push(self.pod(name, &svc.pods[i]));
@@ -318,28 +352,11 @@ impl Cluster {
             controller: Some(true),
             ..Default::default()
         }]);
+        let status = p.status(&format!("{svc}-{}_{}", p.index, self.namespace));
         let pod = Pod {
             metadata: meta,
             spec: None,
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                pod_ip: Some(p.ip.clone()),
-                // The kubelet's Ready condition, which the EndpointSlice controller follows.
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if p.ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                container_statuses: Some(vec![ContainerStatus {
-                    name: "app".into(),
-                    ready: p.ready,
-                    restart_count: p.restarts,
-                    image: "app:1".into(),
-                    image_id: String::new(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
+            status: Some(status),
         };
         Object::Pod(Arc::new(pod.into()))
     }

@@ -6,12 +6,17 @@
 //!
 //! - calm services (three, exported, three pods each) roll a pod every `calm_every`, stamping
 //!   the changed slice with the time (`consumer`'s `STAMP`), all along;
-//! - at 2 s the bad Deployment scales to `pods` crash-looping pods over `ramp` seconds, then
-//!   flips `flips_per_sec` pods a second between ready and crashed for `flood` seconds;
+//! - at 2 s the bad Deployment scales to `pods` pods over `ramp` seconds (Ready, or not, as the
+//!   flood's [`FloodShape`] says), then `flips_per_sec` pods a second change between Ready and
+//!   crashed for `flood` seconds;
 //! - then the remote is fixed (scaled back to 3 ready pods);
 //! - with `release`, 2 s later an operator releases, through the admin API, each service the
 //!   flood had contained (and the link, if it was quarantined);
 //! - the run ends when the consumer behind Floodgate has converged to the fixed remote.
+//!
+//! Each second, beside events, memory and the calm changes' delays, it reads what the consumer
+//! behind Floodgate could resolve ([`crate::resolve`]): the ready endpoints it holds without
+//! their pod, for the flooder and for the calm services ([`Resolved`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,8 +26,9 @@ use floodgate_link_crd::LinkSpec;
 use serde::Serialize;
 
 use crate::RunningSim;
-use crate::drivers::Cluster;
+use crate::drivers::{Cluster, FloodShape};
 use crate::process::{Consumer, ConsumerStats, Floodgate, memory_kib};
+use crate::resolve::Resolved;
 use crate::sim::SimStore;
 
 /// The annotation a calm change is stamped with (its wall-clock time in ms), which
@@ -30,6 +36,8 @@ use crate::sim::SimStore;
 pub const STAMP: &str = "e2e.floodgate.dev/changed-at-ms";
 const CALM: [&str; 3] = ["web", "api", "billing"];
 const BAD: &str = "injector";
+/// The flooding service, as consumers and the admin API name it.
+pub const FLOODER: &str = "prod/injector";
 
 /// What to replay.
 #[derive(Debug, Clone)]
@@ -44,6 +52,8 @@ pub struct Plan {
     pub flood: u64,
     /// Pods flipped between ready and crashed per second.
     pub flips_per_sec: usize,
+    /// How the bad Deployment's pods behave.
+    pub shape: FloodShape,
     /// How often a calm service changes.
     pub calm_every: Duration,
     /// Release the link through the admin API after the fix.
@@ -77,6 +87,12 @@ pub struct Sample {
     pub direct_calm_ms: Option<u64>,
     /// The same through Floodgate.
     pub via_calm_ms: Option<u64>,
+    /// Ready endpoints the consumer behind Floodgate holds without their pod (at once).
+    pub via_without_pod: u64,
+    /// Of those, the ones waiting for more than 2 s.
+    pub via_without_pod_settled: u64,
+    /// Ready endpoints of the flooder the consumer behind Floodgate holds.
+    pub via_flooder_ready: u64,
 }
 
 /// What a run measured.
@@ -113,6 +129,8 @@ pub struct Outcome {
     pub converged_after_release_s: Option<f64>,
     /// The link's phase at the end.
     pub final_phase: String,
+    /// What the consumer behind Floodgate could resolve.
+    pub resolved: Resolved,
 }
 
 fn now_ms() -> u64 {
@@ -131,7 +149,7 @@ fn slowest_arrival(seen: &[(u64, u64)], from: u64, to: u64) -> Option<u64> {
 }
 
 /// The services a link's admin state lists as contained.
-pub(crate) fn contained_services(link: &serde_json::Value) -> Vec<String> {
+pub fn contained_services(link: &serde_json::Value) -> Vec<String> {
     link["contained"]
         .as_array()
         .into_iter()
@@ -259,6 +277,7 @@ async fn drive(
     let calm_every = (plan.calm_every.as_millis() / TICK.as_millis()).max(1) as u64;
 
     let mut samples = Vec::new();
+    let mut resolved = Resolved::default();
     let mut calm_made: Vec<u64> = Vec::new();
     let (mut phase, mut quarantined_at, mut released_at, mut converged_at) =
         (String::new(), None, None, None);
@@ -276,10 +295,10 @@ async fn drive(
         if (ramp_start..ramp_end).contains(&tick) {
             let steps = ramp_end - ramp_start;
             let target = 3 + (plan.pods - 3) * (tick - ramp_start + 1) as usize / steps as usize;
-            rig.cluster.scale(BAD, target, false);
+            rig.cluster.scale(BAD, target, plan.shape.starts_ready());
         } else if (ramp_end..fix_at).contains(&tick) {
-            rig.cluster
-                .crash_loop_step(BAD, plan.flips_per_sec / ticks_per_sec as usize);
+            let flips = plan.flips_per_sec / ticks_per_sec as usize;
+            rig.cluster.flood_step(BAD, plan.shape, flips);
         } else if tick == fix_at {
             rig.cluster.scale(BAD, 0, true);
             rig.cluster.scale(BAD, 3, true);
@@ -320,6 +339,10 @@ async fn drive(
                     .or(Some(now_ms()));
             }
             let (d, v) = (rig.direct.stats(), rig.via.stats());
+            let flooder_contained = now_contained.iter().any(|c| c == FLOODER);
+            // The fix deletes the flood's pods: from then on a frozen view names pods that
+            // are gone, which no gateway can serve.
+            resolved.look(&v, Some(&d), FLOODER, flooder_contained, tick < fix_at);
             let [direct_mem, via_mem, floodgate_mem] = rig.memory();
             let now = now_ms();
             let sample = Sample {
@@ -334,6 +357,9 @@ async fn drive(
                 contained: now_contained.len(),
                 direct_calm_ms: slowest_arrival(&d.seen, second_ms, now),
                 via_calm_ms: slowest_arrival(&v.seen, second_ms, now),
+                via_without_pod: v.ready_without_pod.total,
+                via_without_pod_settled: v.ready_without_pod_settled.total,
+                via_flooder_ready: v.ready_of(FLOODER),
             };
             second_ms = now;
             upstream_total += upstream_second;
@@ -428,6 +454,7 @@ async fn drive(
             .zip(converged_at)
             .map(|(r, c)| c.saturating_sub(r) as f64 / ticks_per_sec as f64),
         final_phase: phase,
+        resolved,
         samples,
     })
 }

@@ -2,7 +2,8 @@
 //! over a writable store, [`sim`]), the drivers that make it behave like a cluster
 //! ([`drivers`]), a client of the admin API ([`admin`]), a fault-injecting proxy ([`chaos`]),
 //! captured logs ([`logs`]), Floodgate (either mode) and consumers as processes ([`process`],
-//! `src/bin/consumer.rs`), the side-by-side flood replay ([`flood`]), cold starts against a
+//! `src/bin/consumer.rs`, which resolves endpoints to pods as Linkerd's destination does:
+//! [`resolve`]), the side-by-side flood replay ([`flood`]), cold starts against a
 //! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
 //! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
 //! ([`local`], [`cluster`]), and the scenario tests in `tests/`.
@@ -21,6 +22,7 @@ pub mod local;
 pub mod logs;
 pub mod modes;
 pub mod process;
+pub mod resolve;
 pub mod sim;
 
 use std::net::SocketAddr;

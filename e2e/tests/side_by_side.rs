@@ -1,12 +1,20 @@
 //! The demo's and the scenario benchmarks' machinery at a small scale, with every process real:
 //! kube-sim floods, `floodgate run` follows it, two `consumer` processes watch (one direct, one
 //! through Floodgate). The figures the report prints come from here, so they are checked here.
+//!
+//! The consumer behind Floodgate also resolves as Linkerd's destination does (each ready
+//! endpoint looked up by its pod): a calm service never has a ready endpoint without its pod
+//! for more than 2 s, nor, once contained, does the flooder, which keeps at least one ready
+//! endpoint (issue 32; until the engine serves a contained service's pods, the flooder's
+//! assertions fail).
 
 use std::time::Duration;
 
 use floodgate_e2e::cold::{self, ColdPlan};
+use floodgate_e2e::drivers::FloodShape;
 use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 use floodgate_e2e::herd;
+use floodgate_e2e::resolve::Resolved;
 use floodgate_link_crd::{KubeDuration, LinkSpec, RemoteSpec};
 
 #[derive(Default)]
@@ -38,19 +46,45 @@ fn spec() -> LinkSpec {
     spec
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exported_flood_is_contained_released_and_costs_the_consumer_less() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plan = Plan {
+/// The resolver consumer's figures through Floodgate: the calm services never hold a ready
+/// endpoint without its pod for more than 2 s; with `flooder_contained`, neither does the
+/// contained flooder, which is served with at least one ready endpoint.
+fn assert_resolved(r: &Resolved, flooder_contained: bool) {
+    println!("resolved through Floodgate: {r:?}");
+    assert!(r.looks > 0, "{r:?}");
+    assert_eq!(r.calm_settled_max, 0, "calm services: {r:?}");
+    if flooder_contained {
+        assert!(
+            r.flooder_ready_contained.is_some_and(|n| n > 0),
+            "the contained flooder is served with a ready endpoint: {r:?}"
+        );
+        assert_eq!(
+            r.flooder_settled_max, 0,
+            "the contained flooder's ready endpoints have their pods: {r:?}"
+        );
+        assert_eq!(r.flooder_settled_end, 0, "{r:?}");
+    }
+}
+
+fn s1_plan(shape: FloodShape) -> Plan {
+    Plan {
         pods: 1_500,
         exported: true,
         ramp: 2,
         flood: 5,
         flips_per_sec: 600,
+        shape,
         calm_every: Duration::from_millis(300),
         release: true,
         spec: spec(),
-    };
+    }
+}
+
+/// S1 exported at a small scale: the flood is contained, released, and costs the consumer
+/// behind Floodgate less; what that consumer holds resolves.
+async fn an_exported_flood(shape: FloodShape) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = s1_plan(shape);
     let mut record = Record::default();
     let o = flood::run(dir.path(), &plan, &mut record)
         .await
@@ -88,6 +122,65 @@ async fn an_exported_flood_is_contained_released_and_costs_the_consumer_less() {
     assert!(!o.direct_staleness_ms.is_empty());
     assert!(!o.via_staleness_ms.is_empty(), "{o:?}");
     assert_eq!(o.via_missed, 0, "{o:?}");
+    assert_resolved(&o.resolved, true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_flood_is_contained_released_and_costs_the_consumer_less() {
+    an_exported_flood(FloodShape::default()).await;
+}
+
+/// The same with kube-sim's first flood: pods created not Ready, toggled in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_never_ready_exported_flood_is_contained_and_released() {
+    an_exported_flood(FloodShape::NeverReady).await;
+}
+
+/// No flood: only the calm services change; every ready endpoint they are served with has its
+/// pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calm_remote_is_served_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = Plan {
+        pods: 3,
+        flips_per_sec: 0,
+        flood: 3,
+        release: false,
+        ..s1_plan(FloodShape::default())
+    };
+    let o = flood::run(dir.path(), &plan, &mut Record::default())
+        .await
+        .expect("the run completes");
+    assert!(o.contained.is_empty(), "{:?}", o.contained);
+    assert_eq!(o.via_missed, 0, "{o:?}");
+    assert_resolved(&o.resolved, false);
+    assert_eq!(o.resolved.settled_max, 0, "{:?}", o.resolved);
+}
+
+/// The cold start during a flood at a small scale: 3,000 pods behind the exported flooder,
+/// created Ready and crash-looping (two in three Ready) before Floodgate starts and all along.
+/// Floodgate is ready within 10 s, serves the calm services whole, contains the flooder, and
+/// what the consumer holds resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_start_during_a_flood_contains_it_and_serves_what_resolves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = LinkSpec::with_remote(RemoteSpec::default());
+    spec.quarantine.when.endpoints_per_service = 2_000;
+    let plan = ColdPlan {
+        pods: 3_000,
+        services: 1,
+        flips_per_sec: 600,
+        shape: FloodShape::default(),
+        one_body: false,
+        spec,
+    };
+    let o = cold::run(dir.path(), &plan).await.expect("cold start");
+    println!("{o:?}");
+    assert!(o.ready_s <= 10.0, "{o:?}");
+    assert_eq!(o.calm_served, 3, "{o:?}");
+    assert_eq!(o.contained, ["prod/injector"], "{o:?}");
+    assert_ne!(o.phase, "Quarantined", "{o:?}");
+    assert_resolved(&o.resolved, true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,6 +206,7 @@ async fn a_cold_start_of_a_large_remote_serves_the_cap_and_memory_follows_it() {
         pods: 10_000,
         services: 5,
         flips_per_sec: 0,
+        shape: FloodShape::default(),
         one_body: false,
         spec: LinkSpec::with_remote(RemoteSpec::default()),
     };
@@ -122,6 +216,7 @@ async fn a_cold_start_of_a_large_remote_serves_the_cap_and_memory_follows_it() {
     assert_eq!(o.pods_served, 5 * 1000 + 9, "{o:?}");
     assert!(o.ready_s <= 10.0 && o.consumer_synced_s <= 5.0, "{o:?}");
     assert_eq!(o.phase, "Healthy", "{o:?}");
+    assert_resolved(&o.resolved, false);
     assert!(
         o.peak_kib <= PEAK_BOUND_MIB * 1024,
         "peak {} KiB over {PEAK_BOUND_MIB} MiB",

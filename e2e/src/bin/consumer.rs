@@ -6,12 +6,22 @@
 //! informers do, and prints one JSON line a second on stdout:
 //!
 //! ```text
-//! {"events":N,"services":S,"slices":E,"pods":P,"synced":true,"seen":[[stamp_ms,seen_ms],...]}
+//! {"events":N,"services":S,"slices":E,"pods":P,"synced":true,"seen":[[stamp_ms,seen_ms],...],
+//!  "readyEndpoints":{"ns/svc":N,...},
+//!  "readyWithoutPod":{"total":N,"services":{"ns/svc":N,...}},
+//!  "readyWithoutPodSettled":{"total":N,"services":{...}}}
 //! ```
 //!
 //! `events` counts every object the watchers delivered (initial ones included); `seen` lists the
 //! changes stamped with [`STAMP`] (an annotation holding the writer's wall-clock time in ms)
 //! that arrived since the last line, with the time they arrived.
+//!
+//! It also resolves as Linkerd's destination does ([`floodgate_e2e::resolve`]): every ready
+//! endpoint of the slices it holds is looked up by its `targetRef` pod in the pods it holds.
+//! `readyEndpoints` counts the ready endpoints per service (`kubernetes.io/service-name`);
+//! `readyWithoutPod` those whose pod it does not hold (the destination would drop them), and
+//! `readyWithoutPodSettled` those that have been so for longer than 2 s. It looks twice a
+//! second, so an endpoint's wait is measured to within half a second.
 //!
 //! `consumer --kubeconfig FILE --restarts N` is a restarting consumer instead: N times it builds
 //! a client, syncs the three informers, and drops them; then it prints `{"restarts":N}`.
@@ -21,10 +31,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use floodgate_e2e::flood::STAMP;
+use floodgate_e2e::resolve::Resolver;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde_json::json;
@@ -159,7 +170,9 @@ async fn main() -> anyhow::Result<()> {
     let slices = follow::<EndpointSlice>(c.clone(), tx.clone());
     let pods = follow::<Pod>(c, tx);
     let (mut events, mut synced, mut seen) = (0u64, 0, Vec::new());
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut resolver = Resolver::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut ticks = 0u64;
     loop {
         tokio::select! {
             note = rx.recv() => match note {
@@ -169,9 +182,21 @@ async fn main() -> anyhow::Result<()> {
                 None => return Ok(()),
             },
             _ = tick.tick() => {
+                let held = slices.state();
+                let r = resolver.look(
+                    held.iter().map(|s| s.as_ref()),
+                    |ns, name| pods.get(&ObjectRef::new(name).within(ns)).is_some(),
+                    std::time::Instant::now(),
+                );
+                ticks += 1;
+                if ticks % 2 == 1 {
+                    continue;
+                }
                 let line = json!({
                     "events": events, "services": services.len(), "slices": slices.len(),
                     "pods": pods.len(), "synced": synced >= 3, "seen": std::mem::take(&mut seen),
+                    "readyEndpoints": r.ready, "readyWithoutPod": r.without_pod,
+                    "readyWithoutPodSettled": r.settled,
                 });
                 println!("{line}");
             }

@@ -7,12 +7,16 @@
 //! process) follow: one straight from kube-sim, as Linkerd is wired today, one through Floodgate.
 //! A table is printed every second, with the delay of the calm services' changes through each
 //! consumer: the flood contains the bad service while the calm ones keep changing through
-//! Floodgate; the remote is fixed; the demo releases the service through the admin API and the
+//! Floodgate. The consumer behind Floodgate also resolves as Linkerd's destination does: the
+//! `no pod` column counts its ready endpoints whose pod it does not hold (those waiting more
+//! than 2 s, the flooder's / every service's), which a destination would drop. The remote is
+//! fixed; the demo releases the service through the admin API and the
 //! consumer converges. It ends with a summary and stops every process it started.
 
 use std::time::Duration;
 
 use clap::Parser;
+use floodgate_e2e::drivers::FloodShape;
 use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample, percentile};
 use floodgate_link_crd::{KubeDuration, LinkSpec, RemoteSpec};
 
@@ -25,6 +29,10 @@ struct Args {
     /// Pods flipping between ready and crashed per second during the crash loop.
     #[arg(long, default_value_t = 2_000)]
     flips_per_sec: usize,
+    /// How the bad Deployment's pods behave (`crash-loop`: created Ready, named by their
+    /// slices, then two in three Ready at any moment; `crash-loop:SHARE`; `never-ready`).
+    #[arg(long, default_value = "crash-loop")]
+    flood_shape: FloodShape,
     /// Seconds the crash loop lasts.
     #[arg(long, default_value_t = 15)]
     flood_secs: u64,
@@ -48,7 +56,7 @@ impl Reporter for Table {
     fn started(&mut self, status_page: &str) {
         println!("status page: {status_page} (live while the demo runs)\n");
         println!(
-            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13}  {:>17}  {:>11}  {:>9}",
+            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13}  {:>17}  {:>11}  {:>9}  {:>14}",
             "t(s)",
             "upstream ev/s",
             "direct: events (MiB)",
@@ -56,14 +64,15 @@ impl Reporter for Table {
             "Floodgate MiB",
             "calm ms dir / via",
             "link phase",
-            "contained"
+            "contained",
+            "no pod / ready"
         );
     }
 
     fn sample(&mut self, s: &Sample) {
         let ms = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         println!(
-            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13.1}  {:>17}  {:>11}  {:>9}",
+            "{:>4}  {:>13}  {:>22}  {:>22}  {:>13.1}  {:>17}  {:>11}  {:>9}  {:>14}",
             s.t,
             s.upstream_events,
             format!("{} ({:.1})", s.direct_events, mib(s.direct_rss_kib)),
@@ -71,7 +80,8 @@ impl Reporter for Table {
             mib(s.floodgate_rss_kib),
             format!("{} / {}", ms(s.direct_calm_ms), ms(s.via_calm_ms)),
             s.phase,
-            s.contained
+            s.contained,
+            format!("{} ({})", s.via_without_pod_settled, s.via_flooder_ready)
         );
     }
 
@@ -118,6 +128,19 @@ fn summary(o: &Outcome) {
         mib(o.floodgate_peak_kib),
         o.upstream_events
     );
+    let r = &o.resolved;
+    println!(
+        "  ready endpoints without their pod for > 2 s, through Floodgate: flooder max {} \
+         (end {}), calm services max {}; direct consumer max {}",
+        r.flooder_settled_max, r.flooder_settled_end, r.calm_settled_max, r.direct_settled_max
+    );
+    if let Some(ready) = r.flooder_ready_contained {
+        println!(
+            "  while contained, the flooder was served with {ready} ready endpoints, {} of \
+             them without their pod",
+            r.flooder_without_pod_contained.unwrap_or_default()
+        );
+    }
     match o.contained_after_s {
         Some(c) => println!(
             "  contained {} {c:.0} s into the rollout; the calm services kept flowing",
@@ -178,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
         ramp: 5,
         flood: args.flood_secs,
         flips_per_sec: args.flips_per_sec,
+        shape: args.flood_shape,
         calm_every: Duration::from_millis(700),
         release: true,
         spec,

@@ -3,7 +3,8 @@
 //! `kube-sim --listen 127.0.0.1:PORT --token TOKEN --kubeconfig FILE [--scenario NAME]` serves
 //! the Kubernetes API subset Floodgate follows, writes a kubeconfig for itself to FILE once it
 //! listens, and runs a scenario: `calm` (three exported services, a pod rolled every few
-//! seconds), `flood` (calm, plus an exported Deployment of `--pods` crash-looping pods) or
+//! seconds), `flood` (calm, plus an exported Deployment of `--pods` crash-looping pods, shaped
+//! by `--flood-shape`: by default created Ready, then two in three Ready at any moment) or
 //! `flood-hidden` (the same flood behind a service that is not exported).
 //!
 //! `--refuse-streaming-lists` makes it refuse `sendInitialEvents` watches with 422, as an API
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use floodgate_e2e::drivers::Cluster;
+use floodgate_e2e::drivers::{Cluster, FloodShape};
 use floodgate_e2e::sim::{SimStore, kubeconfig};
 use tokio::net::TcpListener;
 
@@ -41,6 +42,9 @@ struct Args {
     /// Pods of the flooding Deployment.
     #[arg(long, default_value_t = 10_000)]
     pods: usize,
+    /// How the flood's pods behave (`crash-loop`, `crash-loop:SHARE` or `never-ready`).
+    #[arg(long, default_value = "crash-loop")]
+    flood_shape: FloodShape,
     /// EndpointSlices of the `slices` scenario.
     #[arg(long, default_value_t = 10_000)]
     slices: usize,
@@ -149,7 +153,7 @@ async fn main() -> anyhow::Result<()> {
     };
     if let Some(exported) = flood {
         cluster.add_service("injector", exported);
-        cluster.scale("injector", args.pods, false);
+        cluster.scale("injector", args.pods, args.flood_shape.starts_ready());
     }
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut n: usize = 0;
@@ -160,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
         }
         n += 1;
         if flood.is_some() {
-            cluster.crash_loop_step("injector", args.pods / 20);
+            cluster.flood_step("injector", args.flood_shape, args.pods / 20);
         }
         if n.is_multiple_of(50) {
             let svc = ["web", "api", "billing"][(n / 50) % 3];

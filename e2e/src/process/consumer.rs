@@ -2,6 +2,7 @@
 //! report what they hold, for the demo and the side-by-side benchmarks; and S2's herd of
 //! restarting consumers.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -12,6 +13,7 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
 use super::sibling_bin;
+use crate::resolve::Counts;
 
 /// What a consumer has reported so far (see `src/bin/consumer.rs`).
 #[derive(Debug, Default, Clone)]
@@ -28,6 +30,33 @@ pub struct ConsumerStats {
     pub synced: bool,
     /// Stamped changes it saw: (stamp, arrival), wall-clock ms.
     pub seen: Vec<(u64, u64)>,
+    /// Ready endpoints per service (`namespace/name`), as of its last report.
+    pub ready_endpoints: BTreeMap<String, u64>,
+    /// Ready endpoints whose pod it does not hold (`readyWithoutPod`), as of its last report.
+    pub ready_without_pod: Counts,
+    /// Those that have lacked their pod for more than 2 s (`readyWithoutPodSettled`).
+    pub ready_without_pod_settled: Counts,
+}
+
+impl ConsumerStats {
+    /// Ready endpoints of `service` (`namespace/name`).
+    pub fn ready_of(&self, service: &str) -> u64 {
+        self.ready_endpoints
+            .get(service)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// The settled figure summed over every service but `except`.
+    pub fn settled_except(&self, except: &str) -> u64 {
+        let c = &self.ready_without_pod_settled;
+        c.total - c.of(except)
+    }
+}
+
+/// Field `key` of a report line, or its default when absent or malformed.
+fn field<T: serde::de::DeserializeOwned + Default>(line: &Value, key: &str) -> T {
+    serde_json::from_value(line[key].clone()).unwrap_or_default()
 }
 
 /// A `consumer` process following one kubeconfig.
@@ -65,6 +94,9 @@ impl Consumer {
                 s.slices = n("slices");
                 s.pods = n("pods");
                 s.synced = v["synced"].as_bool().unwrap_or_default();
+                s.ready_endpoints = field(&v, "readyEndpoints");
+                s.ready_without_pod = field(&v, "readyWithoutPod");
+                s.ready_without_pod_settled = field(&v, "readyWithoutPodSettled");
                 for pair in v["seen"].as_array().into_iter().flatten() {
                     if let (Some(a), Some(b)) = (pair[0].as_u64(), pair[1].as_u64()) {
                         s.seen.push((a, b));

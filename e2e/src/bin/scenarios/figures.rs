@@ -3,10 +3,51 @@
 
 use floodgate_e2e::cold::{ColdOutcome, ColdPlan};
 use floodgate_e2e::flood::{Outcome, percentile};
+use floodgate_e2e::resolve::Resolved;
 
 use crate::report::{Figure, mib};
 
+/// The resolver consumer's figure: ready endpoints served without their pod for more than
+/// 2 s (a destination drops them), for the calm services and for the flooder, and what the
+/// flooder kept while contained.
+fn resolved_figure(what: String, r: &Resolved, contained: bool, out: &mut Vec<Figure>) {
+    let flooder = if contained {
+        format!(
+            "; flooder max {} (end {}), {} ready endpoints while contained",
+            r.flooder_settled_max,
+            r.flooder_settled_end,
+            r.flooder_ready_contained.unwrap_or_default()
+        )
+    } else {
+        String::new()
+    };
+    out.push(Figure {
+        what,
+        direct: format!("max {}", r.direct_settled_max),
+        floodgate: format!("calm max {}{flooder}", r.calm_settled_max),
+        ratio: String::new(),
+        target: if contained {
+            "0 calm; 0 flooder, >= 1 ready".into()
+        } else {
+            "0".into()
+        },
+        met: Some(
+            r.looks > 0
+                && r.calm_settled_max == 0
+                && (!contained
+                    || (r.flooder_settled_max == 0
+                        && r.flooder_ready_contained.is_some_and(|n| n > 0))),
+        ),
+    });
+}
+
 pub fn calm_figures(o: &Outcome, out: &mut Vec<Figure>) {
+    resolved_figure(
+        "Calm: ready endpoints without their pod for > 2 s, through Floodgate".into(),
+        &o.resolved,
+        false,
+        out,
+    );
     let (direct, via) = (
         percentile(&o.direct_staleness_ms, 0.5),
         percentile(&o.via_staleness_ms, 0.5),
@@ -27,8 +68,8 @@ pub fn calm_figures(o: &Outcome, out: &mut Vec<Figure>) {
 pub fn cold_flood_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>) {
     let what = |f: &str| {
         format!(
-            "Cold start during a flood ({} pods crash-looping): {f}",
-            plan.pods
+            "Cold start during a flood ({} pods, {}): {f}",
+            plan.pods, plan.shape
         )
     };
     out.push(Figure::own(
@@ -59,6 +100,12 @@ pub fn cold_flood_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure
         "(reported)",
         None,
     ));
+    resolved_figure(
+        what("ready endpoints without their pod for > 2 s"),
+        &o.resolved,
+        true,
+        out,
+    );
 }
 
 pub fn cold_large_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>) {
@@ -80,6 +127,12 @@ pub fn cold_large_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure
         "<= 128 MiB",
         Some(o.peak_kib <= 128 * 1024),
     ));
+    resolved_figure(
+        what("ready endpoints without their pod for > 2 s"),
+        &o.resolved,
+        false,
+        out,
+    );
     out.push(Figure::own(
         what("Floodgate steady RSS"),
         format!(
@@ -178,6 +231,12 @@ pub fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
         target: "(reported)".into(),
         met: None,
     });
+    resolved_figure(
+        format!("S1 {name}: ready endpoints without their pod for > 2 s, through Floodgate"),
+        &o.resolved,
+        o.contained_after_s.is_some(),
+        out,
+    );
     if let Some(c) = o.contained_after_s {
         out.push(Figure {
             what: format!(

@@ -27,6 +27,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use floodgate_e2e::cold::{self, ColdPlan};
+use floodgate_e2e::drivers::FloodShape;
 use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 
 use crate::figures::{
@@ -46,6 +47,10 @@ struct Args {
     /// S1: pods flipping between ready and crashed per second.
     #[arg(long, default_value_t = 5_000)]
     flips_per_sec: usize,
+    /// S1 and the cold start during a flood: how the flood's pods behave (`crash-loop`: created
+    /// Ready, then two in three Ready at any moment; `crash-loop:SHARE`; `never-ready`).
+    #[arg(long, default_value = "crash-loop")]
+    flood_shape: FloodShape,
     /// S1: seconds of crash loop after the scale-up.
     #[arg(long, default_value_t = 20)]
     flood_secs: u64,
@@ -123,6 +128,7 @@ fn cold_plans(args: &Args) -> (ColdPlan, [ColdPlan; 2]) {
         pods: args.cold_flood_pods,
         services: 1,
         flips_per_sec: args.flips_per_sec,
+        shape: args.flood_shape,
         one_body: false,
         spec: default_spec(),
     };
@@ -130,6 +136,7 @@ fn cold_plans(args: &Args) -> (ColdPlan, [ColdPlan; 2]) {
         pods: args.cold_pods,
         services: 5,
         flips_per_sec: 0,
+        shape: args.flood_shape,
         one_body: false,
         spec: default_spec(),
     };
@@ -147,6 +154,7 @@ fn s1_plan(args: &Args, exported: bool) -> Plan {
         ramp: 10,
         flood: args.flood_secs,
         flips_per_sec: args.flips_per_sec,
+        shape: args.flood_shape,
         calm_every: Duration::from_millis(500),
         release: exported,
         spec: default_spec(),
@@ -194,7 +202,10 @@ async fn main() -> anyhow::Result<()> {
         let plan = s1_plan(&args, false);
         let o = flood::run(&dir("s1-hidden")?, &plan, &mut Progress("S1 hidden")).await?;
         s1_figures(
-            "(flood behind a service that is not exported)",
+            &format!(
+                "(flood behind a service that is not exported, {})",
+                plan.shape
+            ),
             &o,
             &mut figures,
         );
@@ -203,7 +214,11 @@ async fn main() -> anyhow::Result<()> {
     if args.runs("s1-exported") {
         let plan = s1_plan(&args, true);
         let o = flood::run(&dir("s1-exported")?, &plan, &mut Progress("S1 exported")).await?;
-        s1_figures("(flood behind an exported service)", &o, &mut figures);
+        s1_figures(
+            &format!("(flood behind an exported service, {})", plan.shape),
+            &o,
+            &mut figures,
+        );
         report["s1"]["exported"] = strip(&o);
     }
     if args.runs("calm") {
