@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real-server lane's Go binaries into ${CARGO_TARGET_DIR:-target}/realkube/bin/:
-# kube-apiserver and kubectl of the pinned release (go.mod), etcd (cmd/etcd, on etcd's embed
+# kube-apiserver of the pinned release (go.mod; and kubectl with REALKUBE_ONLY=kubectl), etcd (cmd/etcd, on etcd's embed
 # package), the client-go resolver consumer and the crash-loop driver. Nothing is downloaded but Go
 # modules (GOPROXY as the machine has it); Go's build cache makes every build after the first take
 # seconds.
@@ -28,12 +28,12 @@ build() {
     echo "building $out ($pkg)" >&2
     nice go build -trimpath -ldflags "$ldflags" -o "$bin/$out" "$pkg"
 }
+# Only kubectl, for a machine that lacks one (.ci/prereqs).
+if [[ ${REALKUBE_ONLY:-} == kubectl ]]; then
+    build kubectl k8s.io/kubernetes/cmd/kubectl
+    exit 0
+fi
 build etcd ./cmd/etcd
 build kube-apiserver ./cmd/kube-apiserver
 build resolver ./cmd/resolver
 build crashloop ./cmd/crashloop
-# kubectl only when asked (.ci/prereqs does, on a machine without one).
-if [[ ${REALKUBE_KUBECTL:-} == 1 ]]; then
-    build kubectl k8s.io/kubernetes/cmd/kubectl
-fi
-echo "$bin"

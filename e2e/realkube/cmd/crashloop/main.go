@@ -10,6 +10,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -52,6 +53,7 @@ func main() {
 	flag.IntVar(&o.calmServices, "calm-services", 3, "exported services of 3 pods that roll now and then")
 	flag.DurationVar(&o.calmRollEvery, "calm-roll-every", 5*time.Second, "how often one calm service replaces a pod")
 	flag.IntVar(&o.workers, "workers", 16, "concurrent writers")
+	waitStdin := flag.Bool("wait-stdin", false, "after the objects exist, wait for a line on stdin before churning (so observers can sync first)")
 	flag.Parse()
 	switch {
 	case *kubeconfig == "" || flag.NArg() != 0:
@@ -89,6 +91,11 @@ func main() {
 		"floodPods": o.pods, "calmServices": o.calmServices, "writes": d.writes.Load()})
 	if o.duration == 0 {
 		return
+	}
+	if *waitStdin {
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			fail("stdin closed before the go line: %v", err)
+		}
 	}
 	ctx, stop := context.WithTimeout(ctx, o.duration)
 	defer stop()
