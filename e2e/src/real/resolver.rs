@@ -1,7 +1,7 @@
 //! The client-go resolver consumer (`e2e/realkube/cmd/resolver`) as a child process: shared
 //! informers as Linkerd's destination has them, in one of four modes (protobuf or JSON, streaming
 //! lists on or off). It prints a report line a second; a reader task keeps the latest line and,
-//! per service, the most ready endpoints without their pod any line showed.
+//! per service, the most ready endpoints without their pod any line showed once synced.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -147,7 +147,13 @@ impl Resolver {
                     continue;
                 };
                 let mut seen = keep.lock().unwrap_or_else(|e| e.into_inner());
-                for (service, n) in &report.ready_without_pod_by_service {
+                // Before its caches synced, slices may well be listed before their pods.
+                let counted = if report.synced {
+                    &report.ready_without_pod_by_service
+                } else {
+                    &BTreeMap::new()
+                };
+                for (service, n) in counted {
                     let max = seen.max_without_pod.entry(service.clone()).or_default();
                     *max = (*max).max(*n);
                 }
@@ -167,7 +173,7 @@ impl Resolver {
         self.lock().latest.clone()
     }
 
-    /// Per service, the most ready endpoints without their pod any report showed.
+    /// Per service, the most ready endpoints without their pod any report showed once synced.
     pub fn max_without_pod(&self) -> BTreeMap<String, u64> {
         self.lock().max_without_pod.clone()
     }
@@ -198,6 +204,30 @@ impl Resolver {
                 self.mode,
                 self.latest(),
                 super::tail(&self.log)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits up to `secs` until its event count has not moved for `quiet` (it has taken in
+    /// everything the API sent), and returns the latest report.
+    pub async fn settled(&mut self, secs: u64, quiet: Duration) -> anyhow::Result<ResolverReport> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let mut last = (
+            self.latest().unwrap_or_default().events_total(),
+            tokio::time::Instant::now(),
+        );
+        loop {
+            let now = self.latest().unwrap_or_default();
+            if now.events_total() != last.0 {
+                last = (now.events_total(), tokio::time::Instant::now());
+            } else if last.1.elapsed() >= quiet {
+                return Ok(now);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "resolver ({}): events still moving after {secs} s: {now:?}",
+                self.mode
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

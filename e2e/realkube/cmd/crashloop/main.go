@@ -197,7 +197,7 @@ func (d *driver) churn(ctx context.Context) error {
 			if err := lim.Wait(ctx); err != nil {
 				break
 			}
-			i := rand.IntN(len(d.flood.pods))
+			i := d.flood.pick(d.o.readyShare)
 			select {
 			case queues[(i/sliceSize)%d.o.workers] <- i:
 			case <-ctx.Done():
@@ -219,17 +219,16 @@ func (d *driver) churn(ctx context.Context) error {
 	return nil
 }
 
-// flip moves flooding pod i to Ready or CrashLoopBackOff (Ready with the ready share), then
-// rewrites its slice.
+// flip moves flooding pod i to the other state (a Ready pod crashes, a crashing one passes
+// readiness), then rewrites its slice.
 func (d *driver) flip(ctx context.Context, i int) {
 	s := d.flood
 	p := s.pods[i]
-	ready := rand.Float64() < d.o.readyShare
 	s.mu.Lock()
-	if !ready {
+	p.ready = !p.ready
+	if !p.ready {
 		p.restarts++
 	}
-	p.ready = ready
 	s.mu.Unlock()
 	if err := d.writePodStatus(ctx, s, p); err != nil {
 		d.failed(ctx, "pod status", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -66,6 +67,30 @@ func (s *service) readyCount() int {
 		}
 	}
 	return n
+}
+
+// pick chooses a pod whose flip moves the ready share toward share: a Ready one while more
+// than share are Ready, else a crashing one. Every flip is then a change, never a no-op write
+// (which a real API server drops: no new resourceVersion, no event).
+func (s *service) pick(share float64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ready := 0
+	for _, p := range s.pods {
+		if p.ready {
+			ready++
+		}
+	}
+	crash := float64(ready) > share*float64(len(s.pods))
+	if (crash && ready == 0) || (!crash && ready == len(s.pods)) {
+		return rand.IntN(len(s.pods))
+	}
+	for {
+		i := rand.IntN(len(s.pods))
+		if s.pods[i].ready == crash {
+			return i
+		}
+	}
 }
 
 func (s *service) selector() map[string]string {
