@@ -208,6 +208,75 @@ async fn drop_in_kubectl_and_client_go_in_four_modes_through_floodgate() {
     }
 }
 
+/// The Python `kubernetes` client (`tests/python/list_and_watch.py`, which reads namespace
+/// `prod`) through Floodgate in front of the real server: a list, then a watch that sees a service
+/// created on the remote and one relabelled there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real API server: make test-real"]
+async fn drop_in_python_client_lists_and_watches_through_floodgate() {
+    use tokio::io::AsyncBufReadExt as _;
+    let kube = RealKube::start().await.expect("the real API server");
+    Crashloop::setup(
+        kube.kubeconfig_path(),
+        &["--calm-services", "2", "--calm-namespace", "prod"],
+        kube.dir(),
+        60,
+    )
+    .await
+    .expect("the driver creates the services");
+    let fg = floodgate(&kube, spec()).await;
+    let config = write(
+        kube.dir(),
+        "python.kubeconfig",
+        &fg.consumer_kubeconfig().expect("consumer kubeconfig"),
+    );
+    let python = std::env::var("FLOODGATE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/list_and_watch.py"
+    );
+    let mut child = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(&config)
+        .arg("2")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs (make test-real sets FLOODGATE_PYTHON to its virtualenv)");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("a line within 30 s")
+            .expect("read")
+            .expect("the script is still running (is the kubernetes module installed?)")
+    };
+    assert_eq!(next().await, "LISTED calm-0,calm-1");
+    assert_eq!(next().await, "WATCHING");
+    let services: Api<Service> = Api::namespaced(kube.client().await.expect("client"), "prod");
+    let cache: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cache", "labels": {"mirror.linkerd.io/exported": "true"}},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .expect("service");
+    services
+        .create(&PostParams::default(), &cache)
+        .await
+        .expect("create");
+    assert_eq!(next().await, "EVENT ADDED cache");
+    let patch = serde_json::json!({"metadata": {"labels": {"tier": "front"}}});
+    services
+        .patch(
+            "calm-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("relabel");
+    assert_eq!(next().await, "EVENT MODIFIED calm-0");
+    assert_eq!(next().await, "DONE");
+}
+
 /// Pods behind the flooding service (`FLOODGATE_REAL_S1_PODS` overrides).
 fn s1_pods() -> usize {
     std::env::var("FLOODGATE_REAL_S1_PODS")
@@ -220,7 +289,7 @@ fn s1_pods() -> usize {
 /// Ready and named by 100 slices, and three calm services; Floodgate starts in front of it (the
 /// flooding service over `endpointsPerService`, so contained from the first look), then the
 /// resolver, direct and through Floodgate, syncs; then pods flip between Ready and
-/// CrashLoopBackOff for a minute while the calm services roll a pod every 5 s. Events counted from
+/// CrashLoopBackOff for a minute while the calm services roll a pod every 10 s. Events counted from
 /// the sync on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real API server: make test-real"]
@@ -240,7 +309,7 @@ async fn s1_flood_of_crash_looping_pods_at_lane_scale() {
             "--duration",
             "60s",
             "--calm-roll-every",
-            "5s",
+            "10s",
             "--wait-stdin",
         ],
         kube.dir(),
