@@ -290,7 +290,8 @@ fn s1_pods() -> usize {
 /// flooding service over `endpointsPerService`, so contained from the first look), then the
 /// resolver, direct and through Floodgate, syncs; then pods flip between Ready and
 /// CrashLoopBackOff for a minute while the calm services roll a pod every 10 s. Events counted from
-/// the sync on.
+/// the sync on. Once the churn is under way, a second Floodgate starts cold and must be ready and
+/// serve the calm services whole within 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real API server: make test-real"]
 async fn s1_flood_of_crash_looping_pods_at_lane_scale() {
@@ -322,7 +323,7 @@ async fn s1_flood_of_crash_looping_pods_at_lane_scale() {
     // The flooding service is contained from the first look; the calm ones never are.
     s1.quarantine.when.endpoints_per_service = 5_000;
     let cold = Instant::now();
-    let fg = floodgate(&kube, s1).await;
+    let fg = floodgate(&kube, s1.clone()).await;
     println!(
         "Floodgate ready {:.1} s after its start, {} pods on the remote",
         cold.elapsed().as_secs_f64(),
@@ -360,6 +361,49 @@ async fn s1_flood_of_crash_looping_pods_at_lane_scale() {
     );
 
     driver.go().await.expect("the churn begins");
+
+    // A cold start during the flood: a second Floodgate, started once the churn is under way,
+    // ready and serving the calm services whole to a fresh resolver within 10 s.
+    floodgate_e2e::until(30, "the churn under way", async || {
+        driver
+            .last_line()
+            .is_some_and(|l| l["phase"] == "churn" && l["flips"].as_u64() >= Some(300))
+    })
+    .await;
+    let cold = Instant::now();
+    let cold_fg = Floodgate::start(
+        &kube.dir().join("floodgate-cold"),
+        "east",
+        &kube.kubeconfig().expect("kubeconfig"),
+        s1,
+    )
+    .await
+    .expect("a cold Floodgate during the flood is ready");
+    let cold_ready = cold.elapsed();
+    let mut cold_resolver = Resolver::start(
+        &cold_fg.consumer_kubeconfig().expect("consumer kubeconfig"),
+        ResolverMode::new(true, true),
+        kube.dir(),
+        "cold",
+    )
+    .expect("resolver through the cold Floodgate");
+    cold_resolver
+        .wait_for(30, "the calm services whole", calm_whole)
+        .await
+        .expect("the cold Floodgate serves the calm services");
+    let cold_served = cold.elapsed();
+    println!(
+        "cold start during the flood: ready in {:.1} s, the calm services whole in a resolver in {:.1} s",
+        cold_ready.as_secs_f64(),
+        cold_served.as_secs_f64()
+    );
+    drop(cold_resolver);
+    drop(cold_fg);
+    assert!(
+        cold_served <= Duration::from_secs(10),
+        "a cold start during the flood serves the calm services within 10 s: {cold_served:?}"
+    );
+
     let done = driver.wait_exit(180).await.expect("the churn ends");
     let churn = 60.0;
     println!(
