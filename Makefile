@@ -55,7 +55,7 @@ realkube:
 ## test-real: the real-server lane: Floodgate in front of a real kube-apiserver and etcd (drop-in
 ## with kubectl, the Python client and client-go, S1 at 10,000 pods, the outage, cluster mode
 ## under RBAC). Needs Go and the Go module proxy; the first build takes about 12 minutes (README, "The real-server lane").
-test-real: realkube $(PY_VENV)/bin/python
+test-real: prereqs realkube $(PY_VENV)/bin/python
 	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast \
 		--no-capture -E 'binary(real)'
