@@ -19,7 +19,7 @@ IMAGE_PROFILE ?= release
 IMAGE_TARGETS ?= --bins
 IMAGE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 
-.PHONY: demo test e2e bench crds lint build prereqs image image-test
+.PHONY: demo test test-real prereqs-lane realkube e2e bench crds lint build prereqs image image-test
 
 ## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
 ## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
@@ -47,11 +47,30 @@ test: prereqs $(PY_VENV)/bin/python
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
 
+## realkube: the real-server lane's Go binaries (kube-apiserver and etcd of the pinned release,
+## the client-go resolver, the crash-loop driver) into $(TARGET_DIR)/realkube/bin, from Go modules.
+realkube:
+	CARGO_TARGET_DIR=$(TARGET_DIR) e2e/realkube/build.sh
+
+# What the real-server lane needs of `make prereqs`: all but the browser.
+prereqs-lane:
+	.ci/prereqs --no-browser
+
+## test-real: the real-server lane: Floodgate in front of a real kube-apiserver and etcd (drop-in
+## with kubectl, the Python client and client-go, S1 at 10,000 pods, the outage, cluster mode
+## under RBAC). Needs Go and the Go module proxy; the first build takes about 12 minutes
+## (README, "The real-server lane").
+test-real: prereqs-lane realkube $(PY_VENV)/bin/python
+	$(BUILD) --bins --tests
+	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast \
+		--no-capture -E 'binary(real)'
+
 ## e2e: full-scale scenarios that do not fit in `make test` (tests marked #[ignore]), a longer
 ## fuzz pass (20,000 proptest cases per fuzz test), then the release image in podman.
 e2e:
 	$(BUILD) --bins --tests
-	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass
+	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast --no-tests=pass \
+		-E 'not binary(real)'
 	PROPTEST_CASES=20000 $(CARGO) nextest run --workspace --locked --no-fail-fast \
 		-E '(package(floodgate) | package(floodgate-link-crd)) & test(/fuzz/)'
 	$(MAKE) image-test

@@ -6,7 +6,8 @@
 //! [`resolve`]), the side-by-side flood replay ([`flood`]), cold starts against a
 //! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
 //! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
-//! ([`local`], [`cluster`]), and the scenario tests in `tests/`.
+//! ([`local`], [`cluster`]), a real etcd and kube-apiserver with the Go programs the real-server
+//! lane drives ([`real`]), and the scenario tests in `tests/`.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod local;
 pub mod logs;
 pub mod modes;
 pub mod process;
+pub mod real;
 pub mod resolve;
 pub mod sim;
 

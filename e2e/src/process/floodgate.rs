@@ -34,6 +34,7 @@ pub struct Launch {
     admin_token: Option<String>,
     log: String,
     piped: bool,
+    cluster: Option<PathBuf>,
 }
 
 impl Launch {
@@ -49,7 +50,15 @@ impl Launch {
             admin_token: None,
             log: "info".into(),
             piped: false,
+            cluster: None,
         }
+    }
+
+    /// In controller mode, follows the cluster of the kubeconfig file `path` (a real API
+    /// server, say) instead of a local kube-sim one; the test puts the Links and Secrets there.
+    pub fn cluster(mut self, path: &Path) -> Self {
+        self.cluster = Some(path.to_owned());
+        self
     }
 
     /// Adds link `name` following the remote of `kubeconfig` (YAML) under `spec` (its
@@ -108,14 +117,20 @@ impl Launch {
                 argv.extend(["run".into(), "--config".into(), links.into()]);
             }
             Mode::Controller => {
-                let cluster = RunningLocal::start().await?;
-                self.put_links(&cluster).await;
-                let kubeconfig = self.dir.join("local.kubeconfig");
-                std::fs::write(&kubeconfig, cluster.kubeconfig(NS))?;
+                let kubeconfig = match &self.cluster {
+                    Some(path) => path.clone(),
+                    None => {
+                        let cluster = RunningLocal::start().await?;
+                        self.put_links(&cluster).await;
+                        let path = self.dir.join("local.kubeconfig");
+                        std::fs::write(&path, cluster.kubeconfig(NS))?;
+                        local = Some(cluster);
+                        path
+                    }
+                };
                 env.push(("KUBECONFIG".into(), kubeconfig.into()));
                 argv.extend(["controller".into(), "--namespace".into(), NS.into()]);
                 argv.extend(["--identity".into(), "floodgate-0".into()]);
-                local = Some(cluster);
             }
         }
         argv.extend([

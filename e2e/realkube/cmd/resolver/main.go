@@ -1,0 +1,240 @@
+// Command resolver is a client-go consumer that resolves endpoints as Linkerd's destination
+// controller does: shared informers, typed for Services, Endpoints, EndpointSlices and Pods and
+// metadata-only for ReplicaSets, protobuf (as client-go's typed clients ask) or JSON, streaming
+// lists on or off. Every --interval it prints one JSON line: whether its caches synced and how long
+// that took, events by kind, watch errors, and the ready endpoints whose pod its pod cache lacks
+// (an endpoint Linkerd's destination would drop), in total and per service.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// report is the line printed every interval.
+type report struct {
+	// Seconds since start.
+	T float64 `json:"t"`
+	// Whether every informer has synced.
+	Synced bool `json:"synced"`
+	// Milliseconds from start to sync (0 until synced).
+	SyncMs int64 `json:"syncMs"`
+	// Handler calls (add, update, delete) by kind since start.
+	Events map[string]uint64 `json:"events"`
+	// Errors the reflectors' watches reported.
+	WatchErrors uint64 `json:"watchErrors"`
+	// Objects in each cache.
+	Cached map[string]int `json:"cached"`
+	// Ready endpoints (conditions.ready true or unset) in the EndpointSlice cache.
+	ReadyEndpoints int `json:"readyEndpoints"`
+	// Ready endpoints whose targetRef pod the pod cache lacks.
+	ReadyWithoutPod int `json:"readyWithoutPod"`
+	// That figure per service (namespace/name), services with none left out.
+	ReadyWithoutPodByService map[string]int `json:"readyWithoutPodByService"`
+	// Ready endpoints per service (namespace/name).
+	ReadyByService map[string]int `json:"readyByService"`
+}
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API to watch (required)")
+	contentType := flag.String("content-type", "protobuf", "what the typed clients ask for: protobuf or json")
+	streaming := flag.Bool("streaming", true, "streaming lists (client-go's WatchListClient feature)")
+	interval := flag.Duration("interval", time.Second, "how often a report line is printed")
+	duration := flag.Duration("duration", 0, "exit after this long (0: run until SIGTERM)")
+	flag.Parse()
+	if *kubeconfig == "" || flag.NArg() != 0 || *interval <= 0 || *duration < 0 {
+		fail("usage: resolver --kubeconfig FILE [--content-type protobuf|json] [--streaming=true|false] [--interval 1s] [--duration 0]")
+	}
+	// client-go 0.32 reads its feature gates from the environment on first use: set it before
+	// any client exists.
+	os.Setenv("KUBE_FEATURE_WatchListClient", fmt.Sprint(*streaming))
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fail("kubeconfig: %v", err)
+	}
+	cfg.QPS, cfg.Burst = 1000, 2000
+	typed := *cfg
+	switch *contentType {
+	case "protobuf":
+		typed.ContentType = "application/vnd.kubernetes.protobuf"
+		typed.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	case "json":
+		typed.ContentType = "application/json"
+		typed.AcceptContentTypes = "application/json"
+	default:
+		fail("--content-type: %q is neither protobuf nor json", *contentType)
+	}
+	client, err := kubernetes.NewForConfig(&typed)
+	if err != nil {
+		fail("client: %v", err)
+	}
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		fail("metadata client: %v", err)
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	if *duration > 0 {
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
+	}
+
+	r := newResolver()
+	factory := informers.NewSharedInformerFactory(client, 0)
+	metaFactory := metadatainformer.NewSharedInformerFactory(meta, 0)
+	svc := factory.Core().V1().Services().Informer()
+	eps := factory.Core().V1().Endpoints().Informer()
+	slices := factory.Discovery().V1().EndpointSlices().Informer()
+	pods := factory.Core().V1().Pods().Informer()
+	rs := metaFactory.ForResource(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}).Informer()
+	all := map[string]cache.SharedIndexInformer{
+		"services": svc, "endpoints": eps, "endpointslices": slices, "pods": pods, "replicasets": rs,
+	}
+	for kind, inf := range all {
+		if err := r.watch(kind, inf); err != nil {
+			fail("informer %s: %v", kind, err)
+		}
+	}
+
+	start := time.Now()
+	factory.Start(ctx.Done())
+	metaFactory.Start(ctx.Done())
+	go func() {
+		synced := make([]cache.InformerSynced, 0, len(all))
+		for _, inf := range all {
+			synced = append(synced, inf.HasSynced)
+		}
+		if cache.WaitForCacheSync(ctx.Done(), synced...) {
+			r.syncMs.Store(time.Since(start).Milliseconds())
+		}
+	}()
+
+	out := json.NewEncoder(os.Stdout)
+	tick := time.NewTicker(*interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			out.Encode(r.report(start, all, slices.GetStore(), pods.GetIndexer()))
+			if r.syncMs.Load() == 0 {
+				os.Exit(1)
+			}
+			return
+		case <-tick.C:
+			if err := out.Encode(r.report(start, all, slices.GetStore(), pods.GetIndexer())); err != nil {
+				fail("stdout: %v", err)
+			}
+		}
+	}
+}
+
+// resolver holds the counters the informers' handlers feed.
+type resolver struct {
+	mu          sync.Mutex
+	events      map[string]uint64
+	watchErrors atomic.Uint64
+	syncMs      atomic.Int64
+}
+
+func newResolver() *resolver {
+	return &resolver{events: map[string]uint64{}}
+}
+
+// watch counts kind's events and its reflector's watch errors.
+func (r *resolver) watch(kind string, inf cache.SharedIndexInformer) error {
+	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		r.watchErrors.Add(1)
+		fmt.Fprintf(os.Stderr, "watch %s: %v\n", kind, err)
+	}); err != nil {
+		return err
+	}
+	count := func() {
+		r.mu.Lock()
+		r.events[kind]++
+		r.mu.Unlock()
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { count() },
+		UpdateFunc: func(_, _ any) { count() },
+		DeleteFunc: func(any) { count() },
+	})
+	return err
+}
+
+// report resolves every cached slice's ready endpoints against the pod cache.
+func (r *resolver) report(start time.Time, all map[string]cache.SharedIndexInformer, slices cache.Store, pods cache.Indexer) report {
+	rep := report{
+		T:                        time.Since(start).Seconds(),
+		SyncMs:                   r.syncMs.Load(),
+		WatchErrors:              r.watchErrors.Load(),
+		Events:                   map[string]uint64{},
+		Cached:                   map[string]int{},
+		ReadyWithoutPodByService: map[string]int{},
+		ReadyByService:           map[string]int{},
+	}
+	rep.Synced = rep.SyncMs > 0
+	r.mu.Lock()
+	for k, v := range r.events {
+		rep.Events[k] = v
+	}
+	r.mu.Unlock()
+	kinds := make([]string, 0, len(all))
+	for k := range all {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		rep.Cached[k] = len(all[k].GetStore().ListKeys())
+	}
+	for _, obj := range slices.List() {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			continue
+		}
+		service := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
+		for _, ep := range s.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			rep.ReadyEndpoints++
+			rep.ReadyByService[service]++
+			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			ns := ep.TargetRef.Namespace
+			if ns == "" {
+				ns = s.Namespace
+			}
+			if _, found, _ := pods.GetByKey(ns + "/" + ep.TargetRef.Name); !found {
+				rep.ReadyWithoutPod++
+				rep.ReadyWithoutPodByService[service]++
+			}
+		}
+	}
+	return rep
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "resolver: "+format+"\n", args...)
+	os.Exit(2)
+}
