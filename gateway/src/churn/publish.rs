@@ -275,10 +275,13 @@ impl Publisher {
 
     /// Publishes a contained service's pods behind its frozen endpoints: the service, its
     /// slices and its Endpoints stay as it published them, and the pods their kept endpoints
-    /// name are completed and kept current by the rules of any publication
-    /// ([`desired_service`]), so a consumer resolves every ready endpoint it is served. The
-    /// flood's cost stays what containment makes it: the endpoints do not move, and no pod is
-    /// served but one a kept endpoint names. Returns the wanted pods to fetch.
+    /// name are completed by the rules of any publication ([`desired_service`]), so a consumer
+    /// resolves every ready endpoint it is served, and kept current in all but their status
+    /// ([`crate::model::PodObject::same_but_status`]): a pod deleted or replaced upstream, or
+    /// relabelled, is published; a readiness flip is not. The flood's cost stays what
+    /// containment makes it: the endpoints do not move, no pod is served but one a kept
+    /// endpoint names, and the crash loop's status churn waits with the endpoints' until the
+    /// service is released. Returns the wanted pods to fetch.
     pub fn publish_frozen(&mut self, g: &Group, store: &mut Store) -> Vec<NsName> {
         let Some(previous) = self.groups.get(g).filter(|p| !p.objects.is_empty()) else {
             return self.publish(g, store);
@@ -289,14 +292,31 @@ impl Publisher {
             previous.endpoints_object.as_ref(),
             &mut pods,
         );
+        let mut frozen: Vec<ObjKey> = previous
+            .objects
+            .iter()
+            .filter(|k| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet))
+            .cloned()
+            .collect();
+        let mut objects = resolved(store, &pods, previous);
+        // A pod served already stays as served while only its status moves: its readiness
+        // flips and restarts are the flood itself, held back with the endpoints (whose
+        // readiness is frozen too). What identifies and addresses it is kept current.
+        objects.retain(|o| {
+            let Object::Pod(now) = o else { return true };
+            let key = o.key();
+            let unchanged = previous.serves_pod(now.id())
+                && self.view.get(&key).is_some_and(
+                    |s| matches!(&s.object, Object::Pod(served) if served.same_but_status(now)),
+                );
+            if unchanged {
+                frozen.push(key);
+            }
+            !unchanged
+        });
         let desired = Desired {
-            objects: resolved(store, &pods, previous),
-            frozen: previous
-                .objects
-                .iter()
-                .filter(|k| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet))
-                .cloned()
-                .collect(),
+            objects,
+            frozen,
             slices: previous.slices.clone(),
             endpoints_object: previous.endpoints_object.clone(),
             endpoints: previous.endpoints,

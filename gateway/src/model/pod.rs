@@ -32,6 +32,9 @@ pub struct PodObject {
     replicasets: SmallVec<[Box<str>; 1]>,
     /// Whether its `Ready` condition is `True`.
     ready: bool,
+    /// Where `,"status":` begins in the JSON (its length when there is no status): what comes
+    /// before is what identifies and addresses the pod ([`PodObject::same_but_status`]).
+    status_at: u32,
     /// `{"metadata":..,"spec":..,"status":..}`.
     json: Box<RawValue>,
 }
@@ -73,6 +76,18 @@ impl PodObject {
     /// controller marks the pod's endpoints ready).
     pub fn is_ready(&self) -> bool {
         self.ready
+    }
+
+    /// True when `other` differs from it in its `status` alone (readiness, restarts, container
+    /// states): the same uid, labels, annotations, owners and spec. A contained service's pods
+    /// are kept current in all but this ([`crate::churn::publish`]).
+    pub fn same_but_status(&self, other: &PodObject) -> bool {
+        self.head() == other.head()
+    }
+
+    /// Its JSON before `status`.
+    fn head(&self) -> &str {
+        &self.json.get()[..self.status_at as usize]
     }
 
     /// Its JSON: `metadata`, `spec` and `status`, without `apiVersion` and `kind`.
@@ -117,17 +132,29 @@ impl From<Pod> for PodObject {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let parts = Parts {
+        // Written as `Parts` would be, in two steps, to know where `status` begins.
+        let head = Parts {
             metadata: &pod.metadata,
             spec: &pod.spec,
-            status: &pod.status,
+            status: &None,
         };
+        let mut json =
+            serde_json::to_string(&head).expect("a k8s-openapi Pod always encodes as JSON");
+        json.pop(); // the closing brace
+        let status_at = u32::try_from(json.len()).unwrap_or(u32::MAX);
+        if let Some(status) = &pod.status {
+            json.push_str(r#","status":"#);
+            json.push_str(
+                &serde_json::to_string(status).expect("a k8s-openapi Pod always encodes as JSON"),
+            );
+        }
+        json.push('}');
         Self {
             id: NsName::of(&pod.metadata),
             replicasets,
             ready,
-            json: serde_json::value::to_raw_value(&parts)
-                .expect("a k8s-openapi Pod always encodes as JSON"),
+            status_at,
+            json: RawValue::from_string(json).expect("written as JSON above"),
         }
     }
 }
@@ -245,5 +272,33 @@ mod tests {
         let back: PodObject = serde_json::from_str(&saved).expect("decodes");
         assert_eq!(back, a);
         assert_eq!(back.id(), a.id());
+    }
+
+    #[test]
+    fn its_json_is_the_pods_and_a_status_change_alone_is_told_apart() {
+        let held = PodObject::from(pod());
+        let mut typed = pod();
+        typed.metadata.resource_version = None;
+        let parts = Parts {
+            metadata: &typed.metadata,
+            spec: &typed.spec,
+            status: &typed.status,
+        };
+        assert_eq!(
+            held.json().get(),
+            serde_json::to_string(&parts).expect("encodes"),
+            "written in two steps, the same JSON"
+        );
+        let mut crashed = pod();
+        crashed.status.as_mut().expect("status").phase = Some("Failed".into());
+        let crashed = PodObject::from(crashed);
+        assert_ne!(held, crashed);
+        assert!(held.same_but_status(&crashed), "status alone");
+        let mut relabelled = pod();
+        relabelled.metadata.labels = Some([("app".to_owned(), "api".to_owned())].into());
+        assert!(!held.same_but_status(&PodObject::from(relabelled)));
+        let bare = PodObject::from(Pod::default());
+        assert!(bare.same_but_status(&PodObject::from(Pod::default())));
+        assert_eq!(bare.to_pod(), Pod::default());
     }
 }

@@ -109,8 +109,10 @@ async fn a_contained_service_is_served_with_the_pods_of_its_ready_endpoints() {
     assert_eq!(e.contained().len(), 1, "still contained");
 }
 
-/// A contained service's endpoints stay frozen while its pods are kept current: a pod that
-/// changes upstream is served as it is now, its endpoint's change is held back.
+/// A contained service's endpoints stay frozen while its pods are kept current in all but
+/// their status: a pod that turns not ready keeps its served form (its readiness flip is the
+/// flood's churn, held back with its endpoint's), a pod relabelled upstream is served as it is
+/// now.
 #[tokio::test(start_paused = true)]
 async fn a_contained_service_keeps_its_endpoints_and_follows_its_pods() {
     let mut spec = mk_spec();
@@ -158,7 +160,28 @@ async fn a_contained_service_keeps_its_endpoints_and_follows_its_pods() {
         Some(Object::Pod(p)) => p.is_ready(),
         other => panic!("hot-0 is served while its endpoint is kept: {other:?}"),
     };
-    assert!(!served_ready, "the pod is served as it is now");
+    assert!(served_ready, "a status flip waits with the endpoints");
+
+    // Pod 1 is relabelled upstream: served as it is now.
+    let relabelled = match mk_ready_pod("hot-1", true) {
+        Object::Pod(p) => {
+            let mut pod = p.to_pod();
+            pod.metadata.labels = Some([("version".to_owned(), "2".to_owned())].into());
+            Object::Pod(Arc::new(pod.into()))
+        }
+        _ => unreachable!("mk_ready_pod makes a pod"),
+    };
+    apply(&mut e, relabelled.clone());
+    run(&mut e, Duration::from_secs(5), Duration::from_millis(100)).await;
+    let pod1 = e.view().get(&ObjKey {
+        kind: Kind::Pod,
+        id: svc("hot-1"),
+    });
+    assert_eq!(
+        pod1.map(|s| s.object.clone()),
+        Some(relabelled.into_sanitized()),
+        "what identifies a pod is kept current"
+    );
     let slice_after = e
         .view()
         .get(&ObjKey {
