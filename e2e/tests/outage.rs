@@ -379,3 +379,91 @@ async fn outage_of_60_s_is_degraded_and_short() {
 async fn outage_of_15_s_is_degraded_and_short() {
     a_dead_remote_is_degraded_and_back_quickly(Duration::from_secs(15)).await;
 }
+
+/// The real binary with its default log filter, its stderr written to a file, and a remote
+/// that dies as a killed process does (its port closed, its connections dropped) for 15 s
+/// (60 s in `make e2e`): `Degraded` within 10 s, the view served throughout, at most two lines
+/// at WARN or above for the outage (when it begins, and if it lasts past a minute), `Healthy`
+/// within 10 s of the remote answering again, and no escape character in the file.
+async fn the_binary_logs_an_outage_once(outage: Duration) {
+    use floodgate_e2e::chaos::{Chaos, PlainSim, REMOTE_TOKEN};
+    use floodgate_e2e::modes::Mode;
+    use floodgate_e2e::process::Launch;
+    let store = Arc::new(SimStore::new(48, 10_000));
+    let _cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
+    let sim = PlainSim::start(store, REMOTE_TOKEN).await.expect("sim");
+    let chaos = Chaos::start(&sim.url()).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let remote = floodgate_e2e::sim::kubeconfig(&chaos.url(), REMOTE_TOKEN, None, "east");
+    let fg = Launch::new(Mode::Standalone, dir.path())
+        .link("east", &remote, Stack::default_spec())
+        .log("")
+        .start()
+        .await
+        .expect("floodgate");
+    let phase = async || fg.link_state().await["phase"].as_str().map(str::to_owned);
+    floodgate_e2e::until(30, "Healthy", async || {
+        phase().await.as_deref() == Some("Healthy")
+    })
+    .await;
+    let warnings = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let before = warnings(&fg.log_text()).len();
+
+    chaos.kill();
+    let killed = tokio::time::Instant::now();
+    floodgate_e2e::until(10, "Degraded", async || {
+        phase().await.as_deref() == Some("Degraded")
+    })
+    .await;
+    eprintln!("Degraded {:?} after the kill", killed.elapsed());
+    tokio::time::sleep(outage.saturating_sub(killed.elapsed())).await;
+    assert_eq!(phase().await.as_deref(), Some("Degraded"), "still down");
+    chaos.restart().await.expect("restart");
+    let back = tokio::time::Instant::now();
+    floodgate_e2e::until(10, "Healthy again", async || {
+        phase().await.as_deref() == Some("Healthy")
+    })
+    .await;
+    eprintln!("Healthy {:?} after the restart", back.elapsed());
+
+    let text = fg.log_text();
+    let during: Vec<String> = warnings(&text).into_iter().skip(before).collect();
+    let allowed = if outage >= Duration::from_secs(60) {
+        2
+    } else {
+        1
+    };
+    assert!(
+        during.len() <= allowed,
+        "{} lines at WARN or above for one outage:\n{}",
+        during.len(),
+        during.join("\n")
+    );
+    assert!(
+        text.lines().any(|l| l.contains("the remote answers again")),
+        "its end is logged:\n{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "no escape character in a log file"
+    );
+    fg.stop().await.expect("stop");
+}
+
+/// The binary's logs through a 15 s outage (`make test`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_logs_a_15_s_outage_once() {
+    the_binary_logs_an_outage_once(Duration::from_secs(15)).await;
+}
+
+/// The same, 60 s down (`make e2e`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a minute long: make e2e"]
+async fn the_binary_logs_a_60_s_outage_at_most_twice() {
+    the_binary_logs_an_outage_once(Duration::from_secs(65)).await;
+}

@@ -80,10 +80,10 @@ fn send_command(
 }
 
 /// What is logged unless `FLOODGATE_LOG` says otherwise: INFO and above, but not kube-client's
-/// line per failed request (an ERROR each time a watcher retries a remote that is down): the
-/// link logs an outage itself, once when it begins and once if it lasts
-/// (`FLOODGATE_LOG=info,kube_client=debug` shows them again).
-const DEFAULT_LOG: &str = "info,kube_client::client::builder=off";
+/// lines per failed request and per broken watch (an ERROR and WARNs each time a watcher
+/// retries a remote that is down): the link logs an outage itself, once when it begins, once
+/// if it lasts and once when it ends (`FLOODGATE_LOG=info,kube_client=debug` shows them again).
+const DEFAULT_LOG: &str = "info,kube_client=error,kube_client::client::builder=off";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -87,7 +87,7 @@ impl Launch {
         self
     }
 
-    /// The log filter (`FLOODGATE_LOG`).
+    /// The log filter (`FLOODGATE_LOG`); empty: none, the binary's default.
     pub fn log(mut self, filter: &str) -> Self {
         self.log = filter.to_owned();
         self
@@ -149,7 +149,9 @@ impl Launch {
             argv.extend(["--admin-token-file".into(), file.into()]);
         }
         argv.extend(self.args.iter().cloned());
-        env.push(("FLOODGATE_LOG".into(), self.log.clone().into()));
+        if !self.log.is_empty() {
+            env.push(("FLOODGATE_LOG".into(), self.log.clone().into()));
+        }
         let mut fg = Floodgate {
             child: None,
             mode: self.mode,
@@ -289,6 +291,11 @@ impl Floodgate {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         Ok(())
+    }
+
+    /// What it has logged so far (its stderr, written to a file unless piped).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn log_tail(&self) -> String {
