@@ -23,7 +23,6 @@
 //! command to the holder through the Link ([`crate::command`]) and answers with the holder's
 //! answer (202 when none came within [`RELAY_WAIT`]).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,32 +40,21 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::churn::quarantine::{RequestError, Transition};
-use crate::command::{Order, Outcome, SendError};
+use crate::command::{COMMAND_TIMEOUT, Order, Outcome, RELAY_WAIT, SendError};
 use crate::kubeapi::bearer;
 use crate::link::LinkError;
 use crate::metrics::Metrics;
 use crate::model::NsName;
 use crate::registry::{Entry, Registry};
 
-pub mod config;
 pub mod history;
 pub mod links;
-
-pub use config::config_json;
 
 /// Largest request body the admin API reads: a quarantine message is a sentence.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// Longest an admin request may take (a link busy ingesting answers commands between batches).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Longest a link may take to answer a release or quarantine (it answers between batches of
-/// upstream events, so this is a backstop, not a wait anyone should see).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Longest a replica waits for the Lease holder's answer to a command it passed on (the
-/// holder looks at its Links every second).
-pub const RELAY_WAIT: Duration = Duration::from_secs(8);
 
 /// The status page.
 const PAGE: &str = include_str!("admin/page.html");
@@ -184,36 +172,6 @@ impl From<LinkError> for AdminError {
             LinkError::Stopped => AdminError::Unavailable(e.to_string()),
         }
     }
-}
-
-/// Why the admin token could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    /// The file could not be read.
-    #[error("reading the admin token file {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file holds no token.
-    #[error("the admin token file {0} is empty")]
-    Empty(String),
-}
-
-/// Reads the admin bearer token: the file's content, surrounding whitespace trimmed.
-pub fn read_token(path: &Path) -> Result<String, TokenError> {
-    let shown = path.display().to_string();
-    let raw = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    let token = raw.trim();
-    if token.is_empty() {
-        return Err(TokenError::Empty(shown));
-    }
-    Ok(token.to_owned())
 }
 
 /// The admin routes (health excluded: [`crate::server`] merges it in), with tracing, a timeout

@@ -22,12 +22,9 @@ mod trigger;
 pub mod writer;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use floodgate_link_crd::Link;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -35,11 +32,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, ResourceExt as _};
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::registry::Registry;
-use crate::server::{self, Listeners, ServerConfig};
+use crate::server::{self, Listeners};
+use crate::serving::{self, Bootstrap, ServeArgs};
 use commands::Shared;
 use follow::{decide_if_held, follow_containment, follow_quarantine, record_containment};
 use runs::Runs;
@@ -55,30 +52,10 @@ pub struct ControllerArgs {
     /// The namespace whose Links (and their Secrets and Leases) this controller serves.
     #[arg(long, env = "FLOODGATE_NAMESPACE", default_value = "floodgate")]
     pub namespace: String,
-    /// Where the Kubernetes facade listens (links under /links/<name>/).
-    #[arg(long, env = "FLOODGATE_LISTEN", default_value = "0.0.0.0:6443")]
-    pub listen: SocketAddr,
-    /// Where the admin API (links, release, quarantine, metrics, the status page, /livez,
-    /// /readyz) listens.
-    #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9990")]
-    pub admin_listen: SocketAddr,
-    /// Where gRPC (`floodgate.v1.Mirror`, `grpc.health.v1`) listens.
-    #[arg(long, env = "FLOODGATE_GRPC_LISTEN", default_value = "0.0.0.0:8090")]
-    pub grpc_listen: SocketAddr,
-    /// A file holding the admin API's bearer token (a mounted Secret); without it the
-    /// mutating admin routes answer 403.
-    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// The state directory; `tls/` holds the CA and certificate every replica shares.
-    #[arg(
-        long,
-        env = "FLOODGATE_STATE_DIR",
-        default_value = "/var/lib/floodgate"
-    )]
-    pub state_dir: PathBuf,
-    /// Extra names for a generated certificate; repeatable.
-    #[arg(long = "tls-host", env = "FLOODGATE_TLS_HOSTS", value_delimiter = ',')]
-    pub tls_hosts: Vec<String>,
+    /// What both modes serve with: listeners, TLS, admin token, limits, state directory
+    /// (whose `tls/` holds the CA and certificate every replica shares).
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// This replica's identity in Leases (the pod's name).
     #[arg(long, env = "FLOODGATE_POD_NAME", default_value = "floodgate")]
     pub identity: String,
@@ -91,10 +68,6 @@ pub struct ControllerArgs {
     /// `localhost`; peers are reached by address).
     #[arg(long, env = "FLOODGATE_PEER_SERVER_NAME", default_value = "localhost")]
     pub peer_server_name: String,
-    /// Seconds to drain watchers after SIGTERM before exiting anyway (keep it below the
-    /// pod's `terminationGracePeriodSeconds`, 30 s by default).
-    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
-    pub shutdown_timeout: u64,
 }
 
 /// The controller's clocks; tests shorten them.
@@ -124,17 +97,7 @@ pub async fn run(
     args: ControllerArgs,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let listeners = Listeners {
-        facade: TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding the facade to {}", args.listen))?,
-        admin: TcpListener::bind(args.admin_listen)
-            .await
-            .with_context(|| format!("binding the admin listener to {}", args.admin_listen))?,
-        grpc: TcpListener::bind(args.grpc_listen)
-            .await
-            .with_context(|| format!("binding gRPC to {}", args.grpc_listen))?,
-    };
+    let listeners = serving::bind(&args.serve.to_config()?).await?;
     serve(client, args, listeners, Timing::default(), shutdown).await
 }
 
@@ -159,51 +122,37 @@ pub async fn serve(
         },
     );
 
-    let tls = crate::run::tls_material(
-        &crate::run::TlsSource::SelfSigned,
-        &args.state_dir,
-        &args.tls_hosts,
-    )?
-    .context("the facade needs TLS")?;
+    let boot = Bootstrap::load(args.serve.to_config()?)?;
+    let peers = match (&args.peers, &boot.tls) {
+        (None, _) => None,
+        (Some(address), Some(tls)) => Some(peers::Peers {
+            address: address.clone(),
+            server_name: args.peer_server_name.clone(),
+            ca_pem: tls.ca_pem.clone(),
+        }),
+        (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
+    };
     let (reader, mut found) = trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
         namespace: ns.clone(),
         identity: args.identity.clone(),
-        peers: args.peers.clone().map(|address| peers::Peers {
-            address,
-            server_name: args.peer_server_name.clone(),
-            ca_pem: tls.ca_pem.clone(),
-        }),
+        peers,
     };
-    let admin_token = args
-        .admin_token_file
-        .as_deref()
-        .map(crate::admin::read_token)
-        .transpose()?
-        .map(crate::auth::Token::new);
     let registry = Arc::new(Registry::new());
     let (listed_tx, listed) = watch::channel(false);
     let (switches, signals) = server::Switches::new(listed);
     // The links stop with the facade, after readiness has dropped; the Controller, the Leases
     // and the status writer with the process's signal.
     let links_stop = signals.shutdown.clone();
-    let server = server::start(
-        registry.clone(),
-        listeners,
-        ServerConfig {
-            tls: Some(tls),
-            limits: crate::kubeapi::serve::ServeLimits::default(),
-            admin_token,
-            config: serde_json::json!({
-                "mode": "controller",
-                "namespace": ns,
-                "identity": args.identity,
-            }),
-        },
-        signals,
-    )?;
+    let mut mode = serde_json::Map::new();
+    mode.insert("mode".into(), "controller".into());
+    mode.insert("namespace".into(), ns.clone().into());
+    mode.insert("identity".into(), args.identity.clone().into());
+    mode.insert("peers".into(), args.peers.clone().into());
+    let deadline = boot.cfg.shutdown_timeout;
+    let server = boot.start(registry.clone(), listeners, mode, signals)?;
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
@@ -321,7 +270,6 @@ pub async fn serve(
     }
     // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
     // get their last BOOKMARK, then the admin listener.
-    let deadline = Duration::from_secs(args.shutdown_timeout);
     tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
     let drained = server.shutdown(&registry, switches, deadline).await;
     runs.stop_all();
