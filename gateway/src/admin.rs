@@ -39,8 +39,8 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::churn::quarantine::{RequestError, Transition};
-use crate::command::{COMMAND_TIMEOUT, Order, Outcome, RELAY_WAIT, SendError};
+use crate::churn::quarantine::Transition;
+use crate::command::{COMMAND_TIMEOUT, Order, Outcome, RELAY_WAIT, SendError, refusal_code};
 use crate::kubeapi::bearer;
 use crate::link::LinkError;
 use crate::metrics::Metrics;
@@ -163,13 +163,16 @@ impl IntoResponse for AdminError {
 }
 
 impl From<LinkError> for AdminError {
+    /// By [`refusal_code`], the code a command written on a Link is answered with too.
     fn from(e: LinkError) -> Self {
-        match e {
-            LinkError::Refused(r @ RequestError::UnknownService) => {
-                AdminError::NotFound(r.to_string())
-            }
-            LinkError::Refused(r) => AdminError::Conflict(r.to_string()),
-            LinkError::Stopped => AdminError::Unavailable(e.to_string()),
+        let message = match &e {
+            LinkError::Refused(r) => r.to_string(),
+            LinkError::Stopped => e.to_string(),
+        };
+        match refusal_code(&e) {
+            404 => AdminError::NotFound(message),
+            409 => AdminError::Conflict(message),
+            _ => AdminError::Unavailable(message),
         }
     }
 }
@@ -260,23 +263,16 @@ fn operator_request(
     Ok((s.link(name)?, parse_body(body)?))
 }
 
+/// Who the admin API's commands are from, in transitions and logs.
+const BY: &str = "an operator through the admin API";
+
 async fn release(
     State(s): State<Arc<AdminState>>,
     UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let (link, req) = operator_request(&s, &name, &headers, &body)?;
-    if let Some(relay) = relayed(&link) {
-        return forwarded(&name, relay.forward(Order::Release).await);
-    }
-    let t = answer(
-        &name,
-        link.handle.release("an operator through the admin API"),
-    )
-    .await?;
-    tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
-    Ok(Json(json!({ "link": name, "transition": t })).into_response())
+    command(&s, &name, &headers, &body, |_| Order::Release).await
 }
 
 async fn release_service(
@@ -285,20 +281,8 @@ async fn release_service(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let (link, req) = operator_request(&s, &name, &headers, &body)?;
     let svc = NsName::new(&namespace, &service);
-    if let Some(relay) = relayed(&link) {
-        return forwarded(&name, relay.forward(Order::ReleaseService(svc)).await);
-    }
-    let t = answer(
-        &name,
-        link.handle
-            .release_service(svc.clone(), "an operator through the admin API"),
-    )
-    .await
-    .map_err(|e| e.about(&format!("service {svc}")))?;
-    tracing::warn!(link = %name, service = %svc, message = req.message.as_deref().unwrap_or(""), "service released by an operator");
-    Ok(Json(json!({ "link": name, "service": svc, "transition": t })).into_response())
+    command(&s, &name, &headers, &body, |_| Order::ReleaseService(svc)).await
 }
 
 async fn quarantine(
@@ -307,15 +291,42 @@ async fn quarantine(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let (link, req) = operator_request(&s, &name, &headers, &body)?;
+    command(&s, &name, &headers, &body, Order::Quarantine).await
+}
+
+/// The one path of the mutating routes: check the request ([`operator_request`]), then pass
+/// the [`Order`] made from its message to the Lease holder, or carry it out here with
+/// [`Order::apply`], as a command written on a Link is.
+async fn command(
+    s: &AdminState,
+    name: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+    order: impl FnOnce(Option<String>) -> Order,
+) -> Result<Response, AdminError> {
+    let (link, req) = operator_request(s, name, headers, body)?;
+    let note = req.message.clone().unwrap_or_default();
+    let order = order(req.message);
     if let Some(relay) = relayed(&link) {
-        return forwarded(&name, relay.forward(Order::Quarantine(req.message)).await);
+        return forwarded(name, relay.forward(order).await);
     }
-    let message = req
-        .message
-        .unwrap_or_else(|| "quarantined by an operator through the admin API".to_owned());
-    let t = answer(&name, link.handle.quarantine(message)).await?;
-    Ok(Json(json!({ "link": name, "transition": t })).into_response())
+    let applied = answer(name, order.apply(&link.handle, BY)).await;
+    let t = match &order {
+        Order::ReleaseService(svc) => applied.map_err(|e| e.about(&format!("service {svc}")))?,
+        _ => applied?,
+    };
+    let body = match &order {
+        Order::Release => {
+            tracing::warn!(link = %name, message = note, "released by an operator");
+            json!({ "link": name, "transition": t })
+        }
+        Order::ReleaseService(svc) => {
+            tracing::warn!(link = %name, service = %svc, message = note, "service released by an operator");
+            json!({ "link": name, "service": svc, "transition": t })
+        }
+        Order::Quarantine(_) => json!({ "link": name, "transition": t }),
+    };
+    Ok(Json(body).into_response())
 }
 
 /// The relay of a link this replica does not decide for.

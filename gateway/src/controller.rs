@@ -70,6 +70,43 @@ pub struct ControllerArgs {
     pub peer_server_name: String,
 }
 
+/// The tasks the controller cannot serve without, watched from its loop. A panic in one (or
+/// an end before the shutdown) ends the process with an ERROR line naming it, rather than
+/// restarting it: the lease loop's held set, the writer's queue and the Controller's caches
+/// live in their tasks, and a replica that restarted one would serve on half a state; ended,
+/// the process is restarted whole by its Deployment, and the other replicas take its Leases.
+struct Critical {
+    tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+}
+
+impl Critical {
+    fn new(tasks: impl IntoIterator<Item = (&'static str, tokio::task::JoinHandle<()>)>) -> Self {
+        Self {
+            tasks: tasks.into_iter().collect(),
+        }
+    }
+
+    /// Waits for the first task to end, logs it at ERROR and says which it was.
+    async fn ended(&mut self) -> anyhow::Error {
+        if self.tasks.is_empty() {
+            return std::future::pending().await;
+        }
+        let (r, i, _) =
+            futures_util::future::select_all(self.tasks.iter_mut().map(|(_, t)| t)).await;
+        let (name, _) = self.tasks.swap_remove(i);
+        let why = match r {
+            Ok(()) => "ended".to_owned(),
+            Err(e) if e.is_panic() => "panicked".to_owned(),
+            Err(e) => format!("failed: {e}"),
+        };
+        tracing::error!(
+            task = name,
+            "{name} {why}: the controller cannot go on without it"
+        );
+        anyhow::anyhow!("{name} {why}")
+    }
+}
+
 /// The controller's clocks; tests shorten them.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -132,7 +169,8 @@ pub async fn serve(
         }),
         (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
     };
-    let (reader, mut found) = trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
+    let (reader, mut found, trigger_task) =
+        trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
@@ -156,7 +194,7 @@ pub async fn serve(
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
-    tokio::spawn(lease::run(
+    let lease_task = tokio::spawn(lease::run(
         leases,
         args.identity.clone(),
         timing.lease,
@@ -166,7 +204,7 @@ pub async fn serve(
     ));
     let (status_tx, status_rx) = mpsc::channel(writer::STATUS_QUEUE);
     let (phase_tx, mut phase_rx) = mpsc::channel(writer::PHASE_CHANGES);
-    tokio::spawn(writer::run_reporting(
+    let writer_task = tokio::spawn(writer::run_reporting(
         status_rx,
         writer::KubeStatusApi(links_api.clone()),
         held.clone(),
@@ -179,9 +217,21 @@ pub async fn serve(
     let (mut runs, mut seeded) = Runs::new(registry.clone(), shared, links_stop);
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
+    let mut critical = Critical::new([
+        ("the Links' Controller", trigger_task),
+        ("the lease loop", lease_task),
+        ("the status writer", writer_task),
+    ]);
     loop {
         tokio::select! {
             _ = shutdown_rx.changed() => break,
+            ended = critical.ended() => {
+                // At shutdown they end on their own (a dropped sender is a shutdown too).
+                if *shutdown_rx.borrow() || shutdown_rx.has_changed().is_err() {
+                    break;
+                }
+                return Err(ended);
+            }
             Some(found) = found.recv() => {
                 runs.apply(found);
                 continue;
