@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, watch};
 use crate::registry::Registry;
 use crate::server::{self, Listeners};
 use crate::serving::{self, Bootstrap, ServeArgs};
+use crate::tls::TlsMaterial;
 use commands::Shared;
 use follow::{decide_if_held, follow_containment, follow_quarantine, record_containment};
 use runs::Runs;
@@ -160,15 +161,7 @@ pub async fn serve(
     );
 
     let boot = Bootstrap::load(args.serve.to_config()?)?;
-    let peers = match (&args.peers, &boot.tls) {
-        (None, _) => None,
-        (Some(address), Some(tls)) => Some(peers::Peers {
-            address: address.clone(),
-            server_name: args.peer_server_name.clone(),
-            ca_pem: tls.ca_pem.clone(),
-        }),
-        (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
-    };
+    let peers = peers_of(&args, boot.tls.as_ref())?;
     let (reader, mut found, trigger_task) =
         trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
     let shared = Shared {
@@ -184,13 +177,8 @@ pub async fn serve(
     // The links stop with the facade, after readiness has dropped; the Controller, the Leases
     // and the status writer with the process's signal.
     let links_stop = signals.shutdown.clone();
-    let mut mode = serde_json::Map::new();
-    mode.insert("mode".into(), "controller".into());
-    mode.insert("namespace".into(), ns.clone().into());
-    mode.insert("identity".into(), args.identity.clone().into());
-    mode.insert("peers".into(), args.peers.clone().into());
     let deadline = boot.cfg.shutdown_timeout;
-    let server = boot.start(registry.clone(), listeners, mode, signals)?;
+    let server = boot.start(registry.clone(), listeners, mode_json(&args), signals)?;
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
@@ -241,16 +229,7 @@ pub async fn serve(
                 continue;
             }
             Some(change) = phase_rx.recv() => {
-                // The holder wrote a new phase: record it as an Event on the Link.
-                let key = reflector::ObjectRef::new(&change.link).within(&ns);
-                if let Some(link) = reader.get(&key) {
-                    let note = runs
-                        .running
-                        .get(&change.link)
-                        .map(|r| r.handle.state.borrow().message.clone())
-                        .or_else(|| runs.blocked.get(&change.link).map(|b| b.message.clone()));
-                    writer::record_event(&recorder, &link, &change, note);
-                }
+                record_phase(&recorder, &reader, &ns, &runs, &change);
                 continue;
             }
             _ = status_tick.tick() => {}
@@ -274,48 +253,15 @@ pub async fn serve(
         // Statuses, events on transitions, and following the holder's quarantine decisions.
         let held_now = held.borrow().clone();
         let now = Time(jiff::Timestamp::now());
+        let tick = Tick {
+            held: &held_now,
+            now: &now,
+            commands: &commands,
+            recorder: &recorder,
+            status_tx: &status_tx,
+        };
         for link in links {
-            let name = link.name_any();
-            if !runs.reconciled(&name) {
-                // Nothing to say of it yet: a status written now would erase what the Link
-                // records (a quarantine to honour), and a command would find no link.
-                continue;
-            }
-            let run = runs.running.get_mut(&name);
-            let blocked = runs.blocked.get(&name);
-            let state = run.as_ref().map(|r| r.handle.state.borrow().clone());
-            let obs = status::Observation {
-                generation: link.metadata.generation,
-                blocked,
-                state: state.as_ref(),
-            };
-            let next = status::next_status(link.status.as_ref(), &obs, &now);
-            let holder = held_now.contains(&name);
-            commands.poll(&link, holder, || match &run {
-                Some(r) => commands::Target::Running(r.handle.clone()),
-                None => commands::Target::Blocked(blocked.map_or_else(
-                    || "it has not started yet".to_owned(),
-                    |b| b.message.clone(),
-                )),
-            });
-            let mut deferred = false;
-            if let (Some(r), Some(state)) = (run, &state) {
-                decide_if_held(&name, r, holder);
-                deferred = follow_quarantine(&link, r, state, holder);
-                follow_containment(&link, r, state, holder);
-                record_containment(&recorder, &link, r, holder);
-            }
-            if deferred {
-                // The recorded quarantine is still to be followed: writing this link's state
-                // now would erase it from status.
-                continue;
-            }
-            // A full queue skips this tick: the next carries the latest state.
-            let _ = status_tx.try_send(writer::StatusUpdate {
-                link: name,
-                observed: link.status.clone(),
-                status: next,
-            });
+            tick.link(&link, &mut runs);
         }
     }
     // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
@@ -324,4 +270,105 @@ pub async fn serve(
     let drained = server.shutdown(&registry, switches, deadline).await;
     runs.stop_all();
     Ok(drained?)
+}
+
+/// What the controller's fields of `GET /config` say (where its links come from).
+fn mode_json(args: &ControllerArgs) -> serde_json::Map<String, serde_json::Value> {
+    let mut mode = serde_json::Map::new();
+    mode.insert("mode".into(), "controller".into());
+    mode.insert("namespace".into(), args.namespace.clone().into());
+    mode.insert("identity".into(), args.identity.clone().into());
+    mode.insert("peers".into(), args.peers.clone().into());
+    mode
+}
+
+/// Where peers are, and the CA their facades are checked against (the replicas share one).
+fn peers_of(
+    args: &ControllerArgs,
+    tls: Option<&TlsMaterial>,
+) -> anyhow::Result<Option<peers::Peers>> {
+    match (&args.peers, tls) {
+        (None, _) => Ok(None),
+        (Some(address), Some(tls)) => Ok(Some(peers::Peers {
+            address: address.clone(),
+            server_name: args.peer_server_name.clone(),
+            ca_pem: tls.ca_pem.clone(),
+        })),
+        (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
+    }
+}
+
+/// The holder wrote a new phase: record it as an Event on the Link.
+fn record_phase(
+    recorder: &Recorder,
+    reader: &reflector::Store<Link>,
+    ns: &str,
+    runs: &Runs,
+    change: &writer::PhaseChange,
+) {
+    let key = reflector::ObjectRef::new(&change.link).within(ns);
+    if let Some(link) = reader.get(&key) {
+        let note = runs
+            .running
+            .get(&change.link)
+            .map(|r| r.handle.state.borrow().message.clone())
+            .or_else(|| runs.blocked.get(&change.link).map(|b| b.message.clone()));
+        writer::record_event(recorder, &link, change, note);
+    }
+}
+
+/// What one status tick shares between the Links it looks at.
+struct Tick<'a> {
+    held: &'a BTreeSet<String>,
+    now: &'a Time,
+    commands: &'a commands::Commands,
+    recorder: &'a Recorder,
+    status_tx: &'a mpsc::Sender<writer::StatusUpdate>,
+}
+
+impl Tick<'_> {
+    /// One Link at a status tick: its command, following the holder's decisions, its status.
+    fn link(&self, link: &Arc<Link>, runs: &mut Runs) {
+        let name = link.name_any();
+        if !runs.reconciled(&name) {
+            // Nothing to say of it yet: a status written now would erase what the Link
+            // records (a quarantine to honour), and a command would find no link.
+            return;
+        }
+        let run = runs.running.get_mut(&name);
+        let blocked = runs.blocked.get(&name);
+        let state = run.as_ref().map(|r| r.handle.state.borrow().clone());
+        let obs = status::Observation {
+            generation: link.metadata.generation,
+            blocked,
+            state: state.as_ref(),
+        };
+        let next = status::next_status(link.status.as_ref(), &obs, self.now);
+        let holder = self.held.contains(&name);
+        self.commands.poll(link, holder, || match &run {
+            Some(r) => commands::Target::Running(r.handle.clone()),
+            None => commands::Target::Blocked(blocked.map_or_else(
+                || "it has not started yet".to_owned(),
+                |b| b.message.clone(),
+            )),
+        });
+        let mut deferred = false;
+        if let (Some(r), Some(state)) = (run, &state) {
+            decide_if_held(&name, r, holder);
+            deferred = follow_quarantine(link, r, state, holder);
+            follow_containment(link, r, state, holder);
+            record_containment(self.recorder, link, r, holder);
+        }
+        if deferred {
+            // The recorded quarantine is still to be followed: writing this link's state
+            // now would erase it from status.
+            return;
+        }
+        // A full queue skips this tick: the next carries the latest state.
+        let _ = self.status_tx.try_send(writer::StatusUpdate {
+            link: name,
+            observed: link.status.clone(),
+            status: next,
+        });
+    }
 }

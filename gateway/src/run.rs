@@ -1,9 +1,11 @@
-//! `floodgate run`: every link of a links file in the [`crate::server`] both modes share.
+//! `floodgate run`: every link of a links file in the [`crate::server`] both modes share,
+//! started through [`crate::serving`]: this mode adds only its links, each with its token
+//! ([`crate::credentials`]) and its quarantine and containments on disk ([`crate::persist`]).
 //!
 //! Tasks: one per link ([`crate::link`]), the facade's accept loop with one task per connection
-//! ([`crate::tls`]), the admin listener, and the gRPC server ([`crate::grpc`]). The state
-//! directory keeps what must survive a restart so consumers keep working: each link's bearer
-//! token and, when Floodgate generated its own certificate, the CA consumers trust.
+//! ([`crate::kubeapi::serve`]), the admin listener, and the gRPC server ([`crate::grpc`]). The
+//! state directory keeps what must survive a restart so consumers keep working: each link's
+//! bearer token and, when Floodgate generated its own certificate, the CA consumers trust.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
