@@ -545,3 +545,4 @@ fn the_token_file_is_trimmed_and_must_hold_a_token() {
 }
 
 mod race;
+mod state_json;
