@@ -104,17 +104,20 @@ impl Replica {
         std::fs::write(&token_file, ADMIN_TOKEN).expect("admin token");
         let args = ControllerArgs {
             namespace: NS.into(),
-            listen: addr,
-            admin_listen: admin,
-            grpc_listen: grpc,
-            admin_token_file: Some(token_file),
-            state_dir: state.path().to_owned(),
-            tls_hosts: vec![],
+            serve: floodgate::serving::ServeArgs {
+                listen: addr,
+                admin_listen: admin,
+                grpc_listen: grpc,
+                admin_token_file: Some(token_file),
+                state_dir: state.path().to_owned(),
+                // Stopping a replica drains its watchers like a real one, in 0.5 s of
+                // readiness off.
+                shutdown_timeout: 1,
+                ..Default::default()
+            },
             identity: identity.into(),
             peers: peer.map(|p| p.facade.to_string()),
             peer_server_name: "localhost".into(),
-            // Stopping a replica drains its watchers like a real one, in 0.5 s of readiness off.
-            shutdown_timeout: 1,
         };
         let (stop, shutdown) = watch::channel(false);
         let client = local.client(NS).expect("client");

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::run::{RunConfig, Running, TlsSource};
+use floodgate::credentials::TlsSource;
+use floodgate::run::{RunConfig, Running};
+use floodgate::serving::ServeConfig;
 use floodgate_link_crd::{LinkSpec, LinksFile, NamedLink, RemoteSpec};
 
 use crate::RunningSim;
@@ -142,14 +144,17 @@ pub async fn start_floodgate(
                 spec,
             }],
         },
-        listen: "127.0.0.1:0".parse()?,
-        admin_listen: "127.0.0.1:0".parse()?,
-        grpc_listen: "127.0.0.1:0".parse()?,
-        state_dir: dir.join("state"),
-        tls: TlsSource::SelfSigned,
-        hosts: vec![],
-        admin_token_file: Some(token_file),
-        serve: Default::default(),
+        serving: ServeConfig {
+            listen: "127.0.0.1:0".parse()?,
+            admin_listen: "127.0.0.1:0".parse()?,
+            grpc_listen: "127.0.0.1:0".parse()?,
+            state_dir: dir.join("state"),
+            tls: TlsSource::SelfSigned,
+            hosts: vec![],
+            admin_token_file: Some(token_file),
+            limits: Default::default(),
+            shutdown_timeout: floodgate::server::DEFAULT_SHUTDOWN_TIMEOUT,
+        },
     };
     let floodgate = floodgate::run::start(cfg).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -187,14 +187,17 @@ async fn a_broken_link_harms_no_other_and_holds_readiness() {
                 },
             ],
         },
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        admin_listen: "127.0.0.1:0".parse().expect("addr"),
-        grpc_listen: "127.0.0.1:0".parse().expect("addr"),
-        state_dir: dir.path().join("state"),
-        tls: floodgate::run::TlsSource::SelfSigned,
-        hosts: vec![],
-        admin_token_file: None,
-        serve: Default::default(),
+        serving: floodgate::serving::ServeConfig {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            admin_listen: "127.0.0.1:0".parse().expect("addr"),
+            grpc_listen: "127.0.0.1:0".parse().expect("addr"),
+            state_dir: dir.path().join("state"),
+            tls: floodgate::credentials::TlsSource::SelfSigned,
+            hosts: vec![],
+            admin_token_file: None,
+            limits: Default::default(),
+            shutdown_timeout: floodgate::server::DEFAULT_SHUTDOWN_TIMEOUT,
+        },
     };
     let running = floodgate::run::start(cfg).await.expect("floodgate");
     let good_client =

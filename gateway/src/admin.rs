@@ -23,7 +23,6 @@
 //! command to the holder through the Link ([`crate::command`]) and answers with the holder's
 //! answer (202 when none came within [`RELAY_WAIT`]).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,33 +39,22 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::churn::quarantine::{RequestError, Transition};
-use crate::command::{Order, Outcome, SendError};
+use crate::churn::quarantine::Transition;
+use crate::command::{COMMAND_TIMEOUT, Order, Outcome, RELAY_WAIT, SendError, refusal_code};
 use crate::kubeapi::bearer;
 use crate::link::LinkError;
 use crate::metrics::Metrics;
 use crate::model::NsName;
 use crate::registry::{Entry, Registry};
 
-pub mod config;
 pub mod history;
 pub mod links;
-
-pub use config::config_json;
 
 /// Largest request body the admin API reads: a quarantine message is a sentence.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// Longest an admin request may take (a link busy ingesting answers commands between batches).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Longest a link may take to answer a release or quarantine (it answers between batches of
-/// upstream events, so this is a backstop, not a wait anyone should see).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Longest a replica waits for the Lease holder's answer to a command it passed on (the
-/// holder looks at its Links every second).
-pub const RELAY_WAIT: Duration = Duration::from_secs(8);
 
 /// The status page.
 const PAGE: &str = include_str!("admin/page.html");
@@ -175,45 +163,18 @@ impl IntoResponse for AdminError {
 }
 
 impl From<LinkError> for AdminError {
+    /// By [`refusal_code`], the code a command written on a Link is answered with too.
     fn from(e: LinkError) -> Self {
-        match e {
-            LinkError::Refused(r @ RequestError::UnknownService) => {
-                AdminError::NotFound(r.to_string())
-            }
-            LinkError::Refused(r) => AdminError::Conflict(r.to_string()),
-            LinkError::Stopped => AdminError::Unavailable(e.to_string()),
+        let message = match &e {
+            LinkError::Refused(r) => r.to_string(),
+            LinkError::Stopped => e.to_string(),
+        };
+        match refusal_code(&e) {
+            404 => AdminError::NotFound(message),
+            409 => AdminError::Conflict(message),
+            _ => AdminError::Unavailable(message),
         }
     }
-}
-
-/// Why the admin token could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    /// The file could not be read.
-    #[error("reading the admin token file {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file holds no token.
-    #[error("the admin token file {0} is empty")]
-    Empty(String),
-}
-
-/// Reads the admin bearer token: the file's content, surrounding whitespace trimmed.
-pub fn read_token(path: &Path) -> Result<String, TokenError> {
-    let shown = path.display().to_string();
-    let raw = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    let token = raw.trim();
-    if token.is_empty() {
-        return Err(TokenError::Empty(shown));
-    }
-    Ok(token.to_owned())
 }
 
 /// The admin routes (health excluded: [`crate::server`] merges it in), with tracing, a timeout
@@ -302,23 +263,16 @@ fn operator_request(
     Ok((s.link(name)?, parse_body(body)?))
 }
 
+/// Who the admin API's commands are from, in transitions and logs.
+const BY: &str = "an operator through the admin API";
+
 async fn release(
     State(s): State<Arc<AdminState>>,
     UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let (link, req) = operator_request(&s, &name, &headers, &body)?;
-    if let Some(relay) = relayed(&link) {
-        return forwarded(&name, relay.forward(Order::Release).await);
-    }
-    let t = answer(
-        &name,
-        link.handle.release("an operator through the admin API"),
-    )
-    .await?;
-    tracing::warn!(link = %name, message = req.message.as_deref().unwrap_or(""), "released by an operator");
-    Ok(Json(json!({ "link": name, "transition": t })).into_response())
+    command(&s, &name, &headers, &body, |_| Order::Release).await
 }
 
 async fn release_service(
@@ -327,20 +281,8 @@ async fn release_service(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let (link, req) = operator_request(&s, &name, &headers, &body)?;
     let svc = NsName::new(&namespace, &service);
-    if let Some(relay) = relayed(&link) {
-        return forwarded(&name, relay.forward(Order::ReleaseService(svc)).await);
-    }
-    let t = answer(
-        &name,
-        link.handle
-            .release_service(svc.clone(), "an operator through the admin API"),
-    )
-    .await
-    .map_err(|e| e.about(&format!("service {svc}")))?;
-    tracing::warn!(link = %name, service = %svc, message = req.message.as_deref().unwrap_or(""), "service released by an operator");
-    Ok(Json(json!({ "link": name, "service": svc, "transition": t })).into_response())
+    command(&s, &name, &headers, &body, |_| Order::ReleaseService(svc)).await
 }
 
 async fn quarantine(
@@ -349,15 +291,42 @@ async fn quarantine(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let (link, req) = operator_request(&s, &name, &headers, &body)?;
+    command(&s, &name, &headers, &body, Order::Quarantine).await
+}
+
+/// The one path of the mutating routes: check the request ([`operator_request`]), then pass
+/// the [`Order`] made from its message to the Lease holder, or carry it out here with
+/// [`Order::apply`], as a command written on a Link is.
+async fn command(
+    s: &AdminState,
+    name: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+    order: impl FnOnce(Option<String>) -> Order,
+) -> Result<Response, AdminError> {
+    let (link, req) = operator_request(s, name, headers, body)?;
+    let note = req.message.clone().unwrap_or_default();
+    let order = order(req.message);
     if let Some(relay) = relayed(&link) {
-        return forwarded(&name, relay.forward(Order::Quarantine(req.message)).await);
+        return forwarded(name, relay.forward(order).await);
     }
-    let message = req
-        .message
-        .unwrap_or_else(|| "quarantined by an operator through the admin API".to_owned());
-    let t = answer(&name, link.handle.quarantine(message)).await?;
-    Ok(Json(json!({ "link": name, "transition": t })).into_response())
+    let applied = answer(name, order.apply(&link.handle, BY)).await;
+    let t = match &order {
+        Order::ReleaseService(svc) => applied.map_err(|e| e.about(&format!("service {svc}")))?,
+        _ => applied?,
+    };
+    let body = match &order {
+        Order::Release => {
+            tracing::warn!(link = %name, message = note, "released by an operator");
+            json!({ "link": name, "transition": t })
+        }
+        Order::ReleaseService(svc) => {
+            tracing::warn!(link = %name, service = %svc, message = note, "service released by an operator");
+            json!({ "link": name, "service": svc, "transition": t })
+        }
+        Order::Quarantine(_) => json!({ "link": name, "transition": t }),
+    };
+    Ok(Json(body).into_response())
 }
 
 /// The relay of a link this replica does not decide for.

@@ -216,7 +216,7 @@ impl Engine {
 
     /// Shares the pods the engine wants with the upstream pod watcher, which then skips
     /// decoding the others.
-    pub fn mirror_wanted(&mut self, wanted: crate::upstream::wanted::WantedPods) {
+    pub fn mirror_wanted(&mut self, wanted: crate::model::wanted::WantedPods) {
         self.publisher.mirror_wanted(wanted);
     }
 

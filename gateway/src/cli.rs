@@ -57,95 +57,20 @@ pub struct RunArgs {
     /// The links file: `links: [{name: east, spec: {...}}]`.
     #[arg(long, env = "FLOODGATE_CONFIG")]
     pub config: PathBuf,
-    /// Where the Kubernetes facade listens (links under /links/<name>/).
-    #[arg(long, env = "FLOODGATE_LISTEN", default_value = "0.0.0.0:6443")]
-    pub listen: std::net::SocketAddr,
-    /// Where /livez and /readyz (and the admin API) listen.
-    #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9990")]
-    pub admin_listen: std::net::SocketAddr,
-    /// Where the gRPC API (`floodgate.v1.Mirror`, `grpc.health.v1`) listens; TLS like the facade.
-    #[arg(long, env = "FLOODGATE_GRPC_LISTEN", default_value = "0.0.0.0:8090")]
-    pub grpc_listen: std::net::SocketAddr,
-    /// Directory for link tokens and the generated CA; keep it across restarts.
-    #[arg(
-        long,
-        env = "FLOODGATE_STATE_DIR",
-        default_value = "/var/lib/floodgate"
-    )]
-    pub state_dir: PathBuf,
-    /// The facade's certificate chain (PEM); without it a CA and certificate are generated
-    /// into the state directory.
-    #[arg(long, env = "FLOODGATE_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The key of --tls-cert (PEM).
-    #[arg(long, env = "FLOODGATE_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Extra names for the generated certificate (the Service's DNS name, say); repeatable.
-    #[arg(long = "tls-host", env = "FLOODGATE_TLS_HOSTS", value_delimiter = ',')]
-    pub tls_hosts: Vec<String>,
-    /// Serve the facade (and gRPC) over plain HTTP. Only on loopback addresses, for tests:
-    /// client-go sends no bearer token over HTTP.
-    #[arg(long, env = "FLOODGATE_INSECURE_HTTP")]
-    pub insecure_http: bool,
-    /// A file holding the admin API's bearer token (POST /links/NAME/release and /quarantine);
-    /// without it those routes answer 403.
-    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// Connections the facade keeps open at most; more wait in the listen backlog.
-    #[arg(long, env = "FLOODGATE_MAX_CONNECTIONS", default_value_t = crate::kubeapi::serve::DEFAULT_MAX_CONNECTIONS)]
-    pub max_connections: usize,
-    /// How long a facade client has to send a request head (slowloris defence), e.g. 10s.
-    #[arg(long, env = "FLOODGATE_HEADER_READ_TIMEOUT", default_value = "10s")]
-    pub header_read_timeout: floodgate_link_crd::KubeDuration,
-    /// How long a facade write may stay pending before the connection is closed (a client
-    /// that stopped reading), e.g. 30s.
-    #[arg(long, env = "FLOODGATE_WRITE_TIMEOUT", default_value = "30s")]
-    pub write_timeout: floodgate_link_crd::KubeDuration,
-    /// Seconds to drain watchers after SIGTERM (each gets a last bookmark) before exiting
-    /// anyway; a second SIGTERM or SIGINT exits at once.
-    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
-    pub shutdown_timeout: u64,
+    /// What both modes serve with: listeners, TLS, admin token, limits, state directory.
+    #[command(flatten)]
+    pub serve: crate::serving::ServeArgs,
 }
 
 impl RunArgs {
     /// The run configuration, or why these arguments cannot run.
     pub fn to_config(&self) -> Result<crate::run::RunConfig, CheckError> {
         let links = load_links(&self.config)?;
-        let tls = match (&self.tls_cert, &self.tls_key, self.insecure_http) {
-            (_, _, true) if !self.listen.ip().is_loopback() => {
-                return Err(CheckError::Usage(format!(
-                    "--insecure-http needs a loopback --listen address, not {}",
-                    self.listen
-                )));
-            }
-            (_, _, true) if !self.grpc_listen.ip().is_loopback() => {
-                return Err(CheckError::Usage(format!(
-                    "--insecure-http needs a loopback --grpc-listen address too, not {}",
-                    self.grpc_listen
-                )));
-            }
-            (_, _, true) => crate::run::TlsSource::InsecureHttp,
-            (Some(cert), Some(key), false) => crate::run::TlsSource::Files {
-                cert: cert.clone(),
-                key: key.clone(),
-            },
-            _ => crate::run::TlsSource::SelfSigned,
-        };
-        Ok(crate::run::RunConfig {
-            links,
-            listen: self.listen,
-            admin_listen: self.admin_listen,
-            grpc_listen: self.grpc_listen,
-            state_dir: self.state_dir.clone(),
-            tls,
-            hosts: self.tls_hosts.clone(),
-            admin_token_file: self.admin_token_file.clone(),
-            serve: crate::kubeapi::serve::ServeLimits {
-                max_connections: self.max_connections.max(1),
-                header_read_timeout: self.header_read_timeout.get(),
-                write_timeout: self.write_timeout.get(),
-            },
-        })
+        let serving = self
+            .serve
+            .to_config()
+            .map_err(|e| CheckError::Usage(e.to_string()))?;
+        Ok(crate::run::RunConfig { links, serving })
     }
 }
 
@@ -175,7 +100,7 @@ pub fn kubeconfig(args: &KubeconfigArgs) -> Result<String, CheckError> {
     let token = read(args.state_dir.join("tokens").join(&args.link))?;
     let ca = std::fs::read_to_string(args.state_dir.join("tls/ca.crt")).ok();
     let server = format!("{}/links/{}", args.server.trim_end_matches('/'), args.link);
-    Ok(crate::run::consumer_kubeconfig(
+    Ok(crate::credentials::consumer_kubeconfig(
         &server,
         token.trim(),
         ca.as_deref(),

@@ -30,6 +30,14 @@ use crate::churn::quarantine::{RequestError, Transition};
 use crate::link::{LinkError, LinkHandle};
 use crate::model::NsName;
 
+/// Longest a link may take to answer a release or quarantine (it answers between batches of
+/// upstream events, so this is a backstop, not a wait anyone should see).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest a replica waits for the Lease holder's answer to a command it passed on (the
+/// holder looks at its Links every second).
+pub const RELAY_WAIT: Duration = Duration::from_secs(8);
+
 /// The command to the Lease holder.
 pub const COMMAND: &str = "floodgate.dev/command";
 /// Who sent it (optional).

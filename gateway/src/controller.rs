@@ -22,12 +22,9 @@ mod trigger;
 pub mod writer;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use floodgate_link_crd::Link;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -35,11 +32,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::{Api, ResourceExt as _};
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::registry::Registry;
-use crate::server::{self, Listeners, ServerConfig};
+use crate::server::{self, Listeners};
+use crate::serving::{self, Bootstrap, ServeArgs};
+use crate::tls::TlsMaterial;
 use commands::Shared;
 use follow::{decide_if_held, follow_containment, follow_quarantine, record_containment};
 use runs::Runs;
@@ -51,6 +49,8 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 /// How long the end of a drain waits for the Leases to be given back (a GET and a PUT each to
 /// the local API server).
 const LEASE_GIVE_BACK: Duration = Duration::from_secs(5);
+/// The lease task's name among the critical tasks.
+const LEASE_LOOP: &str = "the lease loop";
 
 /// `floodgate controller`.
 #[derive(Debug, Clone, clap::Args)]
@@ -58,30 +58,10 @@ pub struct ControllerArgs {
     /// The namespace whose Links (and their Secrets and Leases) this controller serves.
     #[arg(long, env = "FLOODGATE_NAMESPACE", default_value = "floodgate")]
     pub namespace: String,
-    /// Where the Kubernetes facade listens (links under /links/<name>/).
-    #[arg(long, env = "FLOODGATE_LISTEN", default_value = "0.0.0.0:6443")]
-    pub listen: SocketAddr,
-    /// Where the admin API (links, release, quarantine, metrics, the status page, /livez,
-    /// /readyz) listens.
-    #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9990")]
-    pub admin_listen: SocketAddr,
-    /// Where gRPC (`floodgate.v1.Mirror`, `grpc.health.v1`) listens.
-    #[arg(long, env = "FLOODGATE_GRPC_LISTEN", default_value = "0.0.0.0:8090")]
-    pub grpc_listen: SocketAddr,
-    /// A file holding the admin API's bearer token (a mounted Secret); without it the
-    /// mutating admin routes answer 403.
-    #[arg(long, env = "FLOODGATE_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// The state directory; `tls/` holds the CA and certificate every replica shares.
-    #[arg(
-        long,
-        env = "FLOODGATE_STATE_DIR",
-        default_value = "/var/lib/floodgate"
-    )]
-    pub state_dir: PathBuf,
-    /// Extra names for a generated certificate; repeatable.
-    #[arg(long = "tls-host", env = "FLOODGATE_TLS_HOSTS", value_delimiter = ',')]
-    pub tls_hosts: Vec<String>,
+    /// What both modes serve with: listeners, TLS, admin token, limits, state directory
+    /// (whose `tls/` holds the CA and certificate every replica shares).
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// This replica's identity in Leases (the pod's name).
     #[arg(long, env = "FLOODGATE_POD_NAME", default_value = "floodgate")]
     pub identity: String,
@@ -94,10 +74,49 @@ pub struct ControllerArgs {
     /// `localhost`; peers are reached by address).
     #[arg(long, env = "FLOODGATE_PEER_SERVER_NAME", default_value = "localhost")]
     pub peer_server_name: String,
-    /// Seconds to drain watchers after SIGTERM before exiting anyway (keep it below the
-    /// pod's `terminationGracePeriodSeconds`, 30 s by default).
-    #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = crate::server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
-    pub shutdown_timeout: u64,
+}
+
+/// The tasks the controller cannot serve without, watched from its loop. A panic in one (or
+/// an end before the shutdown) ends the process with an ERROR line naming it, rather than
+/// restarting it: the lease loop's held set, the writer's queue and the Controller's caches
+/// live in their tasks, and a replica that restarted one would serve on half a state; ended,
+/// the process is restarted whole by its Deployment, and the other replicas take its Leases.
+struct Critical {
+    tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+}
+
+impl Critical {
+    fn new(tasks: impl IntoIterator<Item = (&'static str, tokio::task::JoinHandle<()>)>) -> Self {
+        Self {
+            tasks: tasks.into_iter().collect(),
+        }
+    }
+
+    /// Takes a task out, to wait for it at shutdown.
+    fn take(&mut self, name: &str) -> Option<tokio::task::JoinHandle<()>> {
+        let i = self.tasks.iter().position(|(n, _)| *n == name)?;
+        Some(self.tasks.swap_remove(i).1)
+    }
+
+    /// Waits for the first task to end, logs it at ERROR and says which it was.
+    async fn ended(&mut self) -> anyhow::Error {
+        if self.tasks.is_empty() {
+            return std::future::pending().await;
+        }
+        let (r, i, _) =
+            futures_util::future::select_all(self.tasks.iter_mut().map(|(_, t)| t)).await;
+        let (name, _) = self.tasks.swap_remove(i);
+        let why = match r {
+            Ok(()) => "ended".to_owned(),
+            Err(e) if e.is_panic() => "panicked".to_owned(),
+            Err(e) => format!("failed: {e}"),
+        };
+        tracing::error!(
+            task = name,
+            "{name} {why}: the controller cannot go on without it"
+        );
+        anyhow::anyhow!("{name} {why}")
+    }
 }
 
 /// The controller's clocks; tests shorten them.
@@ -127,17 +146,7 @@ pub async fn run(
     args: ControllerArgs,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let listeners = Listeners {
-        facade: TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding the facade to {}", args.listen))?,
-        admin: TcpListener::bind(args.admin_listen)
-            .await
-            .with_context(|| format!("binding the admin listener to {}", args.admin_listen))?,
-        grpc: TcpListener::bind(args.grpc_listen)
-            .await
-            .with_context(|| format!("binding gRPC to {}", args.grpc_listen))?,
-    };
+    let listeners = serving::bind(&args.serve.to_config()?).await?;
     serve(client, args, listeners, Timing::default(), shutdown).await
 }
 
@@ -162,55 +171,29 @@ pub async fn serve(
         },
     );
 
-    let tls = crate::run::tls_material(
-        &crate::run::TlsSource::SelfSigned,
-        &args.state_dir,
-        &args.tls_hosts,
-    )?
-    .context("the facade needs TLS")?;
-    let (reader, mut found) = trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
+    let boot = Bootstrap::load(args.serve.to_config()?)?;
+    let peers = peers_of(&args, boot.tls.as_ref())?;
+    let (reader, mut found, trigger_task) =
+        trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
         namespace: ns.clone(),
         identity: args.identity.clone(),
-        peers: args.peers.clone().map(|address| peers::Peers {
-            address,
-            server_name: args.peer_server_name.clone(),
-            ca_pem: tls.ca_pem.clone(),
-        }),
+        peers,
     };
-    let admin_token = args
-        .admin_token_file
-        .as_deref()
-        .map(crate::admin::read_token)
-        .transpose()?
-        .map(crate::auth::Token::new);
     let registry = Arc::new(Registry::new());
     let (listed_tx, listed) = watch::channel(false);
     let (switches, signals) = server::Switches::new(listed);
     // The links stop with the facade, after readiness has dropped; the Controller, the Leases
     // and the status writer with the process's signal.
     let links_stop = signals.shutdown.clone();
-    let server = server::start(
-        registry.clone(),
-        listeners,
-        ServerConfig {
-            tls: Some(tls),
-            limits: crate::kubeapi::serve::ServeLimits::default(),
-            admin_token,
-            config: serde_json::json!({
-                "mode": "controller",
-                "namespace": ns,
-                "identity": args.identity,
-            }),
-        },
-        signals,
-    )?;
+    let deadline = boot.cfg.shutdown_timeout;
+    let server = boot.start(registry.clone(), listeners, mode_json(&args), signals)?;
 
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
-    // Kept: on shutdown it gives the held Leases back, which the drain waits for.
+    // Watched below; on shutdown it gives the held Leases back, which the drain waits for.
     let lease_task = tokio::spawn(lease::run(
         leases,
         args.identity.clone(),
@@ -221,7 +204,7 @@ pub async fn serve(
     ));
     let (status_tx, status_rx) = mpsc::channel(writer::STATUS_QUEUE);
     let (phase_tx, mut phase_rx) = mpsc::channel(writer::PHASE_CHANGES);
-    tokio::spawn(writer::run_reporting(
+    let writer_task = tokio::spawn(writer::run_reporting(
         status_rx,
         writer::KubeStatusApi(links_api.clone()),
         held.clone(),
@@ -233,9 +216,21 @@ pub async fn serve(
     let (mut runs, mut seeded) = Runs::new(registry.clone(), shared, links_stop);
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
+    let mut critical = Critical::new([
+        ("the Links' Controller", trigger_task),
+        (LEASE_LOOP, lease_task),
+        ("the status writer", writer_task),
+    ]);
     loop {
         tokio::select! {
             _ = shutdown_rx.changed() => break,
+            ended = critical.ended() => {
+                // At shutdown they end on their own (a dropped sender is a shutdown too).
+                if *shutdown_rx.borrow() || shutdown_rx.has_changed().is_err() {
+                    break;
+                }
+                return Err(ended);
+            }
             Some(found) = found.recv() => {
                 runs.apply(found);
                 continue;
@@ -245,16 +240,7 @@ pub async fn serve(
                 continue;
             }
             Some(change) = phase_rx.recv() => {
-                // The holder wrote a new phase: record it as an Event on the Link.
-                let key = reflector::ObjectRef::new(&change.link).within(&ns);
-                if let Some(link) = reader.get(&key) {
-                    let note = runs
-                        .running
-                        .get(&change.link)
-                        .map(|r| r.handle.state.borrow().message.clone())
-                        .or_else(|| runs.blocked.get(&change.link).map(|b| b.message.clone()));
-                    writer::record_event(&recorder, &link, &change, note);
-                }
+                record_phase(&recorder, &reader, &ns, &runs, &change);
                 continue;
             }
             _ = status_tick.tick() => {}
@@ -278,63 +264,132 @@ pub async fn serve(
         // Statuses, events on transitions, and following the holder's quarantine decisions.
         let held_now = held.borrow().clone();
         let now = Time(jiff::Timestamp::now());
+        let tick = Tick {
+            held: &held_now,
+            now: &now,
+            commands: &commands,
+            recorder: &recorder,
+            status_tx: &status_tx,
+        };
         for link in links {
-            let name = link.name_any();
-            if !runs.reconciled(&name) {
-                // Nothing to say of it yet: a status written now would erase what the Link
-                // records (a quarantine to honour), and a command would find no link.
-                continue;
-            }
-            let run = runs.running.get_mut(&name);
-            let blocked = runs.blocked.get(&name);
-            let state = run.as_ref().map(|r| r.handle.state.borrow().clone());
-            let obs = status::Observation {
-                generation: link.metadata.generation,
-                blocked,
-                state: state.as_ref(),
-            };
-            let next = status::next_status(link.status.as_ref(), &obs, &now);
-            let holder = held_now.contains(&name);
-            commands.poll(&link, holder, || match &run {
-                Some(r) => commands::Target::Running(r.handle.clone()),
-                None => commands::Target::Blocked(blocked.map_or_else(
-                    || "it has not started yet".to_owned(),
-                    |b| b.message.clone(),
-                )),
-            });
-            let mut deferred = false;
-            if let (Some(r), Some(state)) = (run, &state) {
-                decide_if_held(&name, r, holder);
-                deferred = follow_quarantine(&link, r, state, holder);
-                follow_containment(&link, r, state, holder);
-                record_containment(&recorder, &link, r, holder);
-            }
-            if deferred {
-                // The recorded quarantine is still to be followed: writing this link's state
-                // now would erase it from status.
-                continue;
-            }
-            // A full queue skips this tick: the next carries the latest state.
-            let _ = status_tx.try_send(writer::StatusUpdate {
-                link: name,
-                observed: link.status.clone(),
-                status: next,
-            });
+            tick.link(&link, &mut runs);
         }
     }
     // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
     // get their last BOOKMARK, then the admin listener.
-    let deadline = Duration::from_secs(args.shutdown_timeout);
     tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
     let drained = server.shutdown(&registry, switches, deadline).await;
     runs.stop_all();
     // The Leases were given back when the signal came; wait for the requests to finish.
-    match tokio::time::timeout(LEASE_GIVE_BACK, lease_task).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "the lease task failed"),
-        Err(_) => {
-            tracing::warn!("the Leases were not all given back in time; they expire by themselves")
+    if let Some(lease_task) = critical.take(LEASE_LOOP) {
+        match tokio::time::timeout(LEASE_GIVE_BACK, lease_task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the lease task failed"),
+            Err(_) => tracing::warn!(
+                "the Leases were not all given back in time; they expire by themselves"
+            ),
         }
     }
     Ok(drained?)
+}
+
+/// What the controller's fields of `GET /config` say (where its links come from).
+fn mode_json(args: &ControllerArgs) -> serde_json::Map<String, serde_json::Value> {
+    let mut mode = serde_json::Map::new();
+    mode.insert("mode".into(), "controller".into());
+    mode.insert("namespace".into(), args.namespace.clone().into());
+    mode.insert("identity".into(), args.identity.clone().into());
+    mode.insert("peers".into(), args.peers.clone().into());
+    mode
+}
+
+/// Where peers are, and the CA their facades are checked against (the replicas share one).
+fn peers_of(
+    args: &ControllerArgs,
+    tls: Option<&TlsMaterial>,
+) -> anyhow::Result<Option<peers::Peers>> {
+    match (&args.peers, tls) {
+        (None, _) => Ok(None),
+        (Some(address), Some(tls)) => Ok(Some(peers::Peers {
+            address: address.clone(),
+            server_name: args.peer_server_name.clone(),
+            ca_pem: tls.ca_pem.clone(),
+        })),
+        (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
+    }
+}
+
+/// The holder wrote a new phase: record it as an Event on the Link.
+fn record_phase(
+    recorder: &Recorder,
+    reader: &reflector::Store<Link>,
+    ns: &str,
+    runs: &Runs,
+    change: &writer::PhaseChange,
+) {
+    let key = reflector::ObjectRef::new(&change.link).within(ns);
+    if let Some(link) = reader.get(&key) {
+        let note = runs
+            .running
+            .get(&change.link)
+            .map(|r| r.handle.state.borrow().message.clone())
+            .or_else(|| runs.blocked.get(&change.link).map(|b| b.message.clone()));
+        writer::record_event(recorder, &link, change, note);
+    }
+}
+
+/// What one status tick shares between the Links it looks at.
+struct Tick<'a> {
+    held: &'a BTreeSet<String>,
+    now: &'a Time,
+    commands: &'a commands::Commands,
+    recorder: &'a Recorder,
+    status_tx: &'a mpsc::Sender<writer::StatusUpdate>,
+}
+
+impl Tick<'_> {
+    /// One Link at a status tick: its command, following the holder's decisions, its status.
+    fn link(&self, link: &Arc<Link>, runs: &mut Runs) {
+        let name = link.name_any();
+        if !runs.reconciled(&name) {
+            // Nothing to say of it yet: a status written now would erase what the Link
+            // records (a quarantine to honour), and a command would find no link.
+            return;
+        }
+        let run = runs.running.get_mut(&name);
+        let blocked = runs.blocked.get(&name);
+        let state = run.as_ref().map(|r| r.handle.state.borrow().clone());
+        let obs = status::Observation {
+            generation: link.metadata.generation,
+            blocked,
+            state: state.as_ref(),
+        };
+        let next = status::next_status(link.status.as_ref(), &obs, self.now);
+        let holder = self.held.contains(&name);
+        self.commands.poll(link, holder, || match &run {
+            Some(r) => commands::Target::Running(r.handle.clone()),
+            None => commands::Target::Blocked(blocked.map_or_else(
+                || "it has not started yet".to_owned(),
+                |b| b.message.clone(),
+            )),
+        });
+        let mut deferred = false;
+        if let (Some(r), Some(state)) = (run, &state) {
+            decide_if_held(&name, r, holder);
+            deferred = follow_quarantine(link, r, state, holder);
+            follow_containment(link, r, state, holder);
+            record_containment(self.recorder, link, r, holder);
+        }
+        if deferred {
+            // The recorded quarantine is still to be followed: writing this link's state
+            // now would erase it from status.
+            return;
+        }
+        // A full queue skips this tick: the next carries the latest state.
+        let _ = self.status_tx.try_send(writer::StatusUpdate {
+            link: name,
+            observed: link.status.clone(),
+            status: next,
+        });
+    }
 }

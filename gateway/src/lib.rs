@@ -15,8 +15,11 @@
 //! - [`model`]: the object model every layer shares: `Object`, `Kind`, `NsName`, the annotations.
 //! - [`registry`]: the links a process serves, which every listener reads.
 //! - [`server`]: the facade, gRPC, admin API and health over the registry, for both modes.
-//! - [`run`]: `floodgate run`: links, facade and health endpoints in one process.
-//! - [`tls`]: certificates and the TLS accept loop of the facade.
+//! - [`serving`]: the serving flags and the start-up both modes share.
+//! - [`credentials`]: link tokens, TLS material, kubeconfigs and the state directory.
+//! - [`command`]: operators' commands (release, quarantine) and their one path to a link.
+//! - [`run`]: `floodgate run`: the links of a links file.
+//! - [`tls`]: certificates (read or generated) and the facade's listener over TLS.
 //! - [`cli`]: the command line and its commands.
 //! - [`controller`]: `floodgate controller`: links from Link resources, status, Leases.
 //! - [`wrap`]: `floodgate wrap`: adopt a Linkerd link's credentials.
@@ -29,6 +32,7 @@ pub mod churn;
 pub mod cli;
 pub mod command;
 pub mod controller;
+pub mod credentials;
 pub mod grpc;
 pub mod kubeapi;
 pub mod link;
@@ -39,6 +43,7 @@ pub mod protobuf;
 pub mod registry;
 pub mod run;
 pub mod server;
+pub mod serving;
 pub mod tls;
 pub mod upstream;
 pub mod view;

@@ -12,41 +12,16 @@ use floodgate::cli::{self, Cli, Command, LogFormat};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Runs until SIGINT or SIGTERM, then drains (readiness off, watchers get a last bookmark)
-/// within `--shutdown-timeout`; a second SIGINT or SIGTERM exits at once.
-fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
-    let cfg = args.to_config()?;
-    tracing::info!(config = ?cfg, "starting");
-    let deadline = std::time::Duration::from_secs(args.shutdown_timeout);
+/// Runs a serving mode until SIGINT or SIGTERM, then tells it to drain (readiness off,
+/// watchers get a last bookmark, within `--shutdown-timeout`); a second SIGINT or SIGTERM
+/// exits at once. `mode` gets the signal as a watch that turns true.
+fn serve<F>(mode: impl FnOnce(tokio::sync::watch::Receiver<bool>) -> F) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
     tokio::runtime::Runtime::new()?.block_on(async {
-        let running = floodgate::run::start(cfg).await?;
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r?,
-            _ = term.recv() => {}
-        }
-        tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
-        tokio::select! {
-            r = running.shutdown(deadline) => r?,
-            _ = term.recv() => anyhow::bail!("a second signal during the drain: exiting at once"),
-            r = tokio::signal::ctrl_c() => {
-                r?;
-                anyhow::bail!("a second signal during the drain: exiting at once");
-            }
-        }
-        tracing::info!("drained; exiting");
-        anyhow::Ok(())
-    })
-}
-
-/// `floodgate controller`: in-cluster config or KUBECONFIG; runs until SIGINT or SIGTERM, then
-/// drains as `floodgate run` does (within `--shutdown-timeout`); a second signal exits at once.
-fn controller(args: &floodgate::controller::ControllerArgs) -> anyhow::Result<()> {
-    tracing::info!(config = ?args, "starting the controller");
-    tokio::runtime::Runtime::new()?.block_on(async {
-        let client = kube::Client::try_default().await?;
         let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let mut task = tokio::spawn(floodgate::controller::run(client, args.clone(), shutdown));
+        let mut task = tokio::spawn(mode(shutdown));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             r = &mut task => return r?,
@@ -64,6 +39,29 @@ fn controller(args: &floodgate::controller::ControllerArgs) -> anyhow::Result<()
         }
         tracing::info!("drained; exiting");
         anyhow::Ok(())
+    })
+}
+
+/// `floodgate run`: the links of a links file.
+fn run(args: &cli::RunArgs) -> anyhow::Result<()> {
+    let cfg = args.to_config()?;
+    let deadline = cfg.serving.shutdown_timeout;
+    serve(|mut shutdown| async move {
+        let running = floodgate::run::start(cfg).await?;
+        // A dropped sender is a signal too: nothing is left to wait for.
+        let _ = shutdown.wait_for(|stop| *stop).await;
+        tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
+        Ok(running.shutdown(deadline).await?)
+    })
+}
+
+/// `floodgate controller`: the links of the Link resources, with in-cluster config or
+/// KUBECONFIG.
+fn controller(args: &floodgate::controller::ControllerArgs) -> anyhow::Result<()> {
+    let args = args.clone();
+    serve(|shutdown| async move {
+        let client = kube::Client::try_default().await?;
+        floodgate::controller::run(client, args, shutdown).await
     })
 }
 

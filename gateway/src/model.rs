@@ -2,7 +2,8 @@
 //! publication group (a service, or the Servers of a namespace).
 //!
 //! Objects arrive decoded (the upstream edge decodes JSON) and are shared behind `Arc`s: the
-//! upstream cache, the published view and every watcher refer to one allocation.
+//! upstream cache, the published view and every watcher refer to one allocation. The pods the
+//! engine wants are announced to the pod watcher through [`wanted::WantedPods`].
 
 use std::borrow::Cow;
 use std::fmt;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 mod endpoints;
 mod pod;
 mod slice;
+pub mod wanted;
 
 pub use endpoints::{EndpointsObject, HeldAddress, HeldSubset};
 pub use pod::PodObject;

@@ -39,7 +39,6 @@ mod fetch;
 pub mod health;
 pub mod strategy;
 pub mod trim;
-pub mod wanted;
 pub mod wire;
 
 use std::sync::Arc;
@@ -63,9 +62,9 @@ use self::admit::{refuse, typed, wired};
 pub use self::fetch::fetch_pods;
 use self::health::Health;
 use self::strategy::{ListStrategy, refuses_streaming};
-use self::wanted::WantedPods;
 use self::wire::Wire;
 use crate::churn::Change;
+use crate::model::wanted::WantedPods;
 use crate::model::{Kind, NsName, ObjKey, Object, Server};
 
 /// One message from upstream.

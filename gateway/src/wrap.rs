@@ -42,13 +42,7 @@ pub const LINKERD_SECRET_PREFIX: &str = "cluster-credentials-";
 pub const WRAPPED_ANNOTATION: &str = "floodgate.dev/link";
 /// The annotation on an upstream copy naming the Secret it was copied from.
 pub const COPIED_FROM_ANNOTATION: &str = "floodgate.dev/copied-from";
-/// The key of a link's token in its token Secret.
-pub const TOKEN_KEY: &str = "token";
-
-/// The Secret holding a link's consumer token, in Floodgate's namespace.
-pub fn token_secret_name(link: &str) -> String {
-    format!("floodgate-token-{link}")
-}
+pub use crate::credentials::{TOKEN_KEY, token_secret_name};
 
 /// The name of the copy of Linkerd's original credentials.
 pub fn upstream_secret_name(credentials: &str) -> String {
@@ -305,7 +299,7 @@ fn token_secret(link: &str, token: &str, opts: &WrapOptions) -> Value {
 fn rewritten(original: &Secret, c: &Credentials, token: &str, opts: &WrapOptions) -> Value {
     let server = format!("{}/links/{}", opts.server.trim_end_matches('/'), c.cluster);
     let kubeconfig =
-        crate::run::consumer_kubeconfig(&server, token, opts.ca_pem.as_deref(), &c.cluster);
+        crate::credentials::consumer_kubeconfig(&server, token, opts.ca_pem.as_deref(), &c.cluster);
     let m = &original.metadata;
     let mut annotations = m.annotations.clone().unwrap_or_default();
     annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
@@ -383,8 +377,12 @@ pub fn run_wrap(args: &WrapArgs) -> anyhow::Result<String> {
                 .map(str::to_owned);
             let mut hosts: Vec<String> = host.into_iter().collect();
             hosts.extend(args.tls_hosts.iter().cloned());
-            crate::run::tls_material(&crate::run::TlsSource::SelfSigned, &args.state_dir, &hosts)?
-                .map(|m| m.ca_pem)
+            crate::credentials::tls_material(
+                &crate::credentials::TlsSource::SelfSigned,
+                &args.state_dir,
+                &hosts,
+            )?
+            .map(|m| m.ca_pem)
         }
     };
     let opts = WrapOptions {
@@ -394,7 +392,7 @@ pub fn run_wrap(args: &WrapArgs) -> anyhow::Result<String> {
     };
     let state_dir = args.state_dir.clone();
     let out = wrap(&input, &opts, &mut |link| {
-        crate::run::link_token(&state_dir, link).map_err(|e| WrapError::Token {
+        crate::credentials::link_token(&state_dir, link).map_err(|e| WrapError::Token {
             link: link.to_owned(),
             message: format!("{e:#}"),
         })

@@ -345,7 +345,7 @@ impl Floodgate {
     pub fn consumer_kubeconfig_of(&self, link: &str) -> anyhow::Result<String> {
         let ca = std::fs::read_to_string(self.state.join("tls/ca.crt"))?;
         let server = format!("https://{}/links/{link}", self.facade);
-        Ok(floodgate::run::consumer_kubeconfig(
+        Ok(floodgate::credentials::consumer_kubeconfig(
             &server,
             &self.token_of(link),
             Some(&ca),

@@ -14,13 +14,14 @@ use tokio::sync::watch;
 use tower::ServiceExt as _;
 
 use super::*;
+use crate::credentials::{TlsSource, TokenError, read_token};
 use crate::kubeapi::ApiStore;
 use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::link::LinkHandle;
 use crate::link::{self, Connect};
 use crate::model::{Kind, Object};
-use crate::run::{RunConfig, TlsSource};
 use crate::server::health_router;
+use crate::serving::ServeConfig;
 use crate::view::{self, View};
 
 const TOKEN: &str = "s3cret-admin-token";
@@ -99,13 +100,7 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
     for l in &links {
         registry.insert(l.clone(), &format!("link-token-{}", l.name));
     }
-    let cfg = RunConfig {
-        links: LinksFile {
-            links: vec![NamedLink {
-                name: "east".into(),
-                spec,
-            }],
-        },
+    let serving = ServeConfig {
         listen: "127.0.0.1:6443".parse().expect("addr"),
         admin_listen: "127.0.0.1:9990".parse().expect("addr"),
         grpc_listen: "127.0.0.1:8090".parse().expect("addr"),
@@ -113,11 +108,23 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
         tls: TlsSource::SelfSigned,
         hosts: vec![],
         admin_token_file: token.map(|_| "/etc/floodgate/admin-token".into()),
-        serve: Default::default(),
+        limits: Default::default(),
+        shutdown_timeout: crate::server::DEFAULT_SHUTDOWN_TIMEOUT,
     };
+    let mut config = serving.to_json();
+    let file = LinksFile {
+        links: vec![NamedLink {
+            name: "east".into(),
+            spec,
+        }],
+    };
+    config.insert(
+        "links".into(),
+        serde_json::to_value(&file.links).expect("links"),
+    );
     let state = Arc::new(AdminState {
         links: registry.clone(),
-        config: config_json(&cfg),
+        config: Value::Object(config),
         token: token.map(crate::auth::Token::new),
         metrics: Metrics::new(registry.clone()),
         history: Arc::default(),
@@ -538,3 +545,4 @@ fn the_token_file_is_trimmed_and_must_hold_a_token() {
 }
 
 mod race;
+mod state_json;

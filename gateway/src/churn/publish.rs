@@ -20,11 +20,11 @@ use smallvec::SmallVec;
 
 use super::cap;
 use super::store::Store;
+use crate::model::wanted::WantedPods;
 use crate::model::{
     EndpointsObject, Group, Kind, NsName, ObjKey, Object, SliceObject, TOTAL_ANNOTATION,
     TRUNCATED_ANNOTATION,
 };
-use crate::upstream::wanted::WantedPods;
 use crate::view::{Change as ViewChange, View};
 
 /// Pod fetches outstanding at most. A fetch is asked only for a pod a *kept* endpoint points

@@ -111,9 +111,11 @@ impl Commands {
             (Ok(_), Target::Blocked(why)) => (503, format!("the link is not running: {why}")),
             (Ok(order), Target::Running(handle)) => {
                 let by = format!("an operator through {origin}");
-                let answer =
-                    tokio::time::timeout(crate::admin::COMMAND_TIMEOUT, order.apply(&handle, &by))
-                        .await;
+                let answer = tokio::time::timeout(
+                    crate::command::COMMAND_TIMEOUT,
+                    order.apply(&handle, &by),
+                )
+                .await;
                 match answer {
                     Ok(Ok(t)) => (200, t.message),
                     Ok(Err(e)) => (command::refusal_code(&e), e.to_string()),
@@ -245,7 +247,7 @@ impl crate::registry::Relay for LinkRelay {
             // The answer arrives in the cache this replica keeps of its Links anyway: no reads
             // of the API server while waiting.
             let read = || std::future::ready(Ok(links.get(&key).map(|l| (*l).clone())));
-            crate::command::wait_for_result(read, &link, &from, crate::admin::RELAY_WAIT).await
+            crate::command::wait_for_result(read, &link, &from, crate::command::RELAY_WAIT).await
         })
     }
 }

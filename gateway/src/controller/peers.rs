@@ -102,7 +102,7 @@ async fn view_of(
     token: &str,
 ) -> anyhow::Result<Vec<Object>> {
     let server = format!("https://{addr}/links/{link}");
-    let yaml = crate::run::consumer_kubeconfig(&server, token, Some(&peers.ca_pem), link);
+    let yaml = crate::credentials::consumer_kubeconfig(&server, token, Some(&peers.ca_pem), link);
     let mut kc = kube::config::Kubeconfig::from_yaml(&yaml)?;
     for c in &mut kc.clusters {
         if let Some(cluster) = &mut c.cluster {

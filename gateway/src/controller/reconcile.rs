@@ -6,7 +6,7 @@ use floodgate_link_crd::{Link, LinkSpec, validate};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
 
-use crate::wrap::{TOKEN_KEY, token_secret_name};
+use crate::credentials::{TOKEN_KEY, token_secret_name};
 
 /// A link the controller should run, with everything it needs to connect and to serve.
 #[derive(Clone, PartialEq)]

@@ -14,7 +14,8 @@ use super::commands::{LinkRelay, Shared};
 use super::follow::forward_deciding;
 use super::reconcile::{self, Action, Blocked, DesiredLink};
 use super::{peers, trigger};
-use crate::link::{self, Connect, LinkHandle};
+use crate::credentials::{self, RemoteKubeconfig};
+use crate::link::{self, LinkHandle};
 use crate::registry::Registry;
 
 /// A running link and what it was started from.
@@ -42,23 +43,6 @@ impl std::fmt::Debug for Running {
             .field("desired", &self.desired)
             .finish_non_exhaustive()
     }
-}
-
-/// How a link reaches its remote: the kubeconfig from its Secret.
-fn connect_from_kubeconfig(yaml: String, context: Option<String>) -> Connect {
-    Arc::new(move || {
-        let yaml = yaml.clone();
-        let context = context.clone();
-        Box::pin(async move {
-            let kc = kube::config::Kubeconfig::from_yaml(&yaml)?;
-            let opts = kube::config::KubeConfigOptions {
-                context,
-                ..Default::default()
-            };
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;
-            Ok(crate::upstream::client(cfg)?)
-        })
-    })
 }
 
 /// Peers' answers waiting for the loop; a lookup task that finds the queue full waits.
@@ -179,7 +163,10 @@ impl Runs {
         let Some(r) = self.running.get_mut(&d.name) else {
             return;
         };
-        let connect = connect_from_kubeconfig(d.kubeconfig.clone(), d.spec.remote.context.clone());
+        let connect = credentials::connect(
+            RemoteKubeconfig::Yaml(d.kubeconfig.clone()),
+            d.spec.remote.context.clone(),
+        );
         let handle = r.handle.clone();
         tracing::info!(link = %d.name, "new credentials: reconnecting the upstream");
         r.desired = d;
@@ -226,12 +213,15 @@ impl Runs {
             let _ = all.wait_for(|s| *s).await;
             let _ = forward.send(true);
         });
-        let connect = connect_from_kubeconfig(d.kubeconfig.clone(), d.spec.remote.context.clone());
+        let connect = credentials::connect(
+            RemoteKubeconfig::Yaml(d.kubeconfig.clone()),
+            d.spec.remote.context.clone(),
+        );
         let handle = Arc::new(link::spawn_restored(
             &d.name,
             d.spec.clone(),
             connect,
-            crate::run::incarnation(),
+            credentials::incarnation(),
             // In cluster mode a quarantine is kept in the Link's status, which every replica
             // reads; a replica-local file would disagree with it. Its view comes from a peer.
             None,

@@ -48,14 +48,19 @@ struct Context {
 const FOUND_QUEUE: usize = 64;
 
 /// Starts the Controller on the Links and Secrets of `namespace`, until `shutdown`. Returns
-/// the Links' cache (every change, status included, as the watch delivers it) and what each
-/// reconcile finds.
+/// the Links' cache (every change, status included, as the watch delivers it), what each
+/// reconcile finds, and the Controller's task (the caller watches it: it ends only at
+/// shutdown).
 pub fn start(
     links: Api<Link>,
     secrets: Api<Secret>,
     namespace: &str,
     mut shutdown: watch::Receiver<bool>,
-) -> (Store<Link>, mpsc::Receiver<Reconciled>) {
+) -> (
+    Store<Link>,
+    mpsc::Receiver<Reconciled>,
+    tokio::task::JoinHandle<()>,
+) {
     let (links_cache, links_writer) = reflector::store::<Link>();
     let link_changes = reflector(links_writer, watcher(links, watcher::Config::default()))
         .default_backoff()
@@ -80,8 +85,8 @@ pub fn start(
             let _ = shutdown.wait_for(|s| *s).await;
         })
         .run(reconcile_link, error_policy, ctx);
-    tokio::spawn(log_errors(run));
-    (links_cache, found_rx)
+    let task = tokio::spawn(log_errors(run));
+    (links_cache, found_rx, task)
 }
 
 /// The Links that name Secret `secret` (their credentials or their consumers' token).
@@ -105,7 +110,7 @@ async fn reconcile_link(link: Arc<Link>, ctx: Arc<Context>) -> Result<Action, Lo
             .get(&ObjectRef::new(name).within(&ctx.namespace))
     };
     let credentials = (link.spec.remote.kubeconfig_secret.as_ref()).and_then(|s| secret(&s.name));
-    let token = secret(&crate::wrap::token_secret_name(&link.name_any()));
+    let token = secret(&crate::credentials::token_secret_name(&link.name_any()));
     let desired = reconcile::desired(&link, credentials.as_deref(), token.as_deref());
     ctx.found
         .send(Reconciled { link, desired })

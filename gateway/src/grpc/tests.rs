@@ -389,9 +389,9 @@ fn the_grpc_flag_defaults_to_8090_and_insecure_http_keeps_it_on_loopback() {
         }
     };
     let args = run(&[]);
-    assert_eq!(args.grpc_listen.to_string(), "0.0.0.0:8090");
+    assert_eq!(args.serve.grpc_listen.to_string(), "0.0.0.0:8090");
     let cfg = args.to_config().expect("valid");
-    assert_eq!(cfg.grpc_listen.to_string(), "0.0.0.0:8090");
+    assert_eq!(cfg.serving.grpc_listen.to_string(), "0.0.0.0:8090");
     let err = run(&["--listen", "127.0.0.1:6443", "--insecure-http"])
         .to_config()
         .expect_err("plain gRPC on every interface is refused");

@@ -21,9 +21,9 @@ use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE,
 use crate::churn::quarantine::{State, Transition};
 use crate::churn::{Change, Effect, Engine};
 use crate::model::Kind;
+use crate::model::wanted::WantedPods;
 use crate::persist::LinkDir;
 use crate::persist::contained::ContainedSnapshot;
-use crate::upstream::wanted::WantedPods;
 use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
 use crate::view::View;
 use backon::BackoffBuilder as _;

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, Error as _};
 
-use super::wanted::WantedPods;
+use crate::model::wanted::WantedPods;
 
 /// One upstream object of kind `K`: its JSON, and the metadata the watcher needs (name,
 /// namespace, resourceVersion).

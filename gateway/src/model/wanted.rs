@@ -1,5 +1,7 @@
-//! The pods the engine wants: shared between the engine, which fills it, and the pod watcher,
-//! which decodes (and sends on) only the pods in it. A pod nobody wants costs its JSON and two
+//! The pods the engine wants: how the engine announces them (it fills the set) to the pod
+//! watcher (which decodes, and sends on, only the pods in it). A type of the model both share,
+//! so the engine depends on no upstream code and the upstream on the engine only for its
+//! `Change`. A pod nobody wants costs its JSON and two
 //! string reads (its name and namespace), not its typed decoding nor a message to the engine.
 //!
 //! How it stays correct:
@@ -19,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::model::NsName;
+use super::NsName;
 
 /// A shared set of wanted pods (cheap to clone: clones share it).
 #[derive(Clone, Debug, Default)]
