@@ -298,7 +298,7 @@ impl Publisher {
             .filter(|k| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet))
             .cloned()
             .collect();
-        let mut objects = resolved(store, &pods, previous);
+        let mut objects = resolved(store, &pods, previous, false);
         // A pod served already stays as served while only its status moves: its readiness
         // flips and restarts are the flood itself, held back with the endpoints (whose
         // readiness is frozen too). What identifies and addresses it is kept current.
@@ -497,7 +497,7 @@ fn desired_service(
     objects.extend(capped.endpoints.iter().cloned().map(Object::Endpoints));
     let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
     referred(&capped.slices, capped.endpoints.as_ref(), &mut pods);
-    objects.extend(resolved(store, &pods, previous));
+    objects.extend(resolved(store, &pods, previous, true));
     Desired {
         objects,
         frozen: Vec::new(),
@@ -526,13 +526,21 @@ fn referred(
 }
 
 /// The pods served of those `pods` names (see [`desired_service`] for which), held ones only,
-/// and their ReplicaSets.
-fn resolved(store: &Store, pods: &BTreeMap<NsName, bool>, previous: &Published) -> Vec<Object> {
+/// and their ReplicaSets. `ahead`: a pod `Ready` itself is served before its endpoint turns
+/// ready. Not for a contained service: its endpoints are frozen, so a pod behind a not-ready
+/// one is never looked up until the service is released (and a never-ready flood whose pods
+/// come up would put a thousand of them through).
+fn resolved(
+    store: &Store,
+    pods: &BTreeMap<NsName, bool>,
+    previous: &Published,
+    ahead: bool,
+) -> Vec<Object> {
     let mut objects = Vec::new();
     let mut replicasets = BTreeSet::new();
     for (id, &ready) in pods {
         if let Some(p) = store.pod(id)
-            && (ready || p.is_ready() || previous.serves_pod(id))
+            && (ready || (ahead && p.is_ready()) || previous.serves_pod(id))
         {
             replicasets.extend(p.replicasets());
             objects.push(Object::Pod(p.clone()));
