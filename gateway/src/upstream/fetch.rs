@@ -34,6 +34,8 @@ pub async fn fetch_pods(
             async move { (api.get_opt(&id.name).await, id) }
         })
         .buffer_unordered(FETCH_CONCURRENCY);
+    // One line a batch, not one a pod: a batch fails whole when the remote is down.
+    let mut failed: Option<(usize, String)> = None;
     while let Some((result, id)) = results.next().await {
         let change = match result {
             // Admitted as the pod watcher admits pods.
@@ -47,12 +49,17 @@ pub async fn fetch_pods(
             Ok(None) => continue,
             Err(e) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(pod = %id, error = %e, "fetching a pod failed; it is served from its next event");
+                tracing::debug!(pod = %id, error = %e, "fetching a pod failed");
+                let (n, _) = failed.get_or_insert_with(|| (0, format!("{id}: {e}")));
+                *n += 1;
                 continue;
             }
         };
         if tx.send(Message { generation, change }).await.is_err() {
             return;
         }
+    }
+    if let Some((pods, first)) = failed {
+        tracing::warn!(pods, first = %first, "fetching pods failed; each is served from its next event");
     }
 }
