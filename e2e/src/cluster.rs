@@ -29,6 +29,14 @@ use crate::{RunningSim, until};
 /// The namespace of the Links.
 pub const NS: &str = "floodgate";
 
+/// The namespace of the Secrets the Links name (the controller's default, as the shipped
+/// manifests set it).
+pub const CREDENTIALS_NS: &str = "floodgate-credentials";
+
+/// The user every in-process replica authenticates as to the local cluster: the shipped
+/// manifests' ServiceAccount.
+pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:floodgate:floodgate";
+
 /// The admin API's bearer token every in-process replica reads from its token file.
 pub const ADMIN_TOKEN: &str = "cluster-admin-token";
 
@@ -104,6 +112,7 @@ impl Replica {
         std::fs::write(&token_file, ADMIN_TOKEN).expect("admin token");
         let args = ControllerArgs {
             namespace: NS.into(),
+            credentials_namespace: CREDENTIALS_NS.into(),
             serve: floodgate::serving::ServeArgs {
                 listen: addr,
                 admin_listen: admin,
@@ -120,7 +129,7 @@ impl Replica {
             peer_server_name: "localhost".into(),
         };
         let (stop, shutdown) = watch::channel(false);
-        let client = local.client(NS).expect("client");
+        let client = local.client_as(NS, SERVICE_ACCOUNT).expect("client");
         let task = tokio::spawn(floodgate::controller::serve(
             client, args, listeners, timing, shutdown,
         ));
@@ -227,7 +236,10 @@ pub async fn add_token(local: &RunningLocal, name: &str) {
 }
 
 async fn create_secret(local: &RunningLocal, secret: &Secret) {
-    let secrets: Api<Secret> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let secrets: Api<Secret> = Api::namespaced(
+        local.client(CREDENTIALS_NS).expect("client"),
+        CREDENTIALS_NS,
+    );
     secrets
         .create(&PostParams::default(), secret)
         .await

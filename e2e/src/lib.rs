@@ -23,6 +23,7 @@ pub mod local;
 pub mod logs;
 pub mod modes;
 pub mod process;
+pub mod rbac;
 pub mod real;
 pub mod resolve;
 pub mod sim;

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use store::{LocalStore, PatchKind};
+pub use store::{Access, LocalStore, PatchKind};
 
 /// A served resource.
 #[derive(Debug)]
@@ -215,6 +215,37 @@ fn parse_path(path: &str) -> Result<Target, StatusError> {
     })
 }
 
+/// The request's authorization attributes.
+fn access(t: &Target, method: &Method, headers: &HeaderMap, watch: Option<&str>) -> Access {
+    let verb = match (method, &t.name) {
+        (&Method::GET, None) if matches!(watch, Some("true" | "1")) => "watch",
+        (&Method::GET, None) => "list",
+        (&Method::GET, Some(_)) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, _) => "delete",
+        _ => "unknown",
+    };
+    let r = &RESOURCES[t.resource];
+    let user = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("system:anonymous");
+    Access {
+        user: user.to_owned(),
+        verb,
+        group: r.group,
+        resource: if t.status {
+            format!("{}/status", r.plural)
+        } else {
+            r.plural.to_owned()
+        },
+        namespace: t.namespace.clone().unwrap_or_default(),
+    }
+}
+
 async fn handle(
     State(store): State<Arc<LocalStore>>,
     method: Method,
@@ -248,6 +279,7 @@ fn serve(
             .into_owned()
             .collect();
     let q = |k: &str| query.get(k).map(String::as_str);
+    store.record_access(access(&t, method, headers, q("watch")));
     let ns = t.namespace.clone().unwrap_or_default();
     let json_body = || -> Result<Value, StatusError> {
         serde_json::from_slice(body)
@@ -368,6 +400,18 @@ impl RunningLocal {
     pub fn client(&self, namespace: &str) -> anyhow::Result<kube::Client> {
         let mut cfg = kube::Config::new(self.url().parse()?);
         cfg.default_namespace = namespace.to_owned();
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// [`Self::client`] authenticated as `user`: its requests are recorded under that name
+    /// ([`LocalStore::accesses_of`]).
+    pub fn client_as(&self, namespace: &str, user: &str) -> anyhow::Result<kube::Client> {
+        let mut cfg = kube::Config::new(self.url().parse()?);
+        cfg.default_namespace = namespace.to_owned();
+        cfg.headers.push((
+            header::AUTHORIZATION,
+            header::HeaderValue::try_from(format!("Bearer {user}"))?,
+        ));
         Ok(kube::Client::try_from(cfg)?)
     }
 }

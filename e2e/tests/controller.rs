@@ -262,7 +262,10 @@ async fn new_credentials_swap_the_upstream_and_keep_the_view() {
         .expect("watch")
         .boxed();
 
-    let secrets: Api<Secret> = Api::namespaced(local.client(NS).expect("client"), NS);
+    let secrets: Api<Secret> = Api::namespaced(
+        local.client(CREDENTIALS_NS).expect("client"),
+        CREDENTIALS_NS,
+    );
     let mut creds = secrets.get("east-credentials").await.expect("credentials");
     creds.data = mk_secret("x", "kubeconfig", &second.kubeconfig()).data;
     secrets
@@ -342,7 +345,7 @@ async fn a_secret_that_appears_starts_its_link_from_the_watch() {
     let link = format!("/apis/floodgate.dev/v1alpha1/namespaces/{NS}/links/east");
     assert!(local.store.requests_to("GET", &link) > 0, "GET {link}");
     for name in ["east-credentials", "floodgate-token-east"] {
-        let path = format!("/api/v1/namespaces/{NS}/secrets/{name}");
+        let path = format!("/api/v1/namespaces/{CREDENTIALS_NS}/secrets/{name}");
         assert_eq!(local.store.requests_to("GET", &path), 0, "GET {path}");
     }
     replica.stop().await;

@@ -251,3 +251,81 @@ async fn each_command_gets_an_event_naming_its_own_sender() {
     b.stop().await;
     a.stop().await;
 }
+
+/// Least privilege, judged from the controller's side: two replicas, authenticated to the
+/// local cluster as the manifests' ServiceAccount, serve a link, carry out a command sent to
+/// the non-holder, and hand the Lease over on a drain. Every request they made is one the
+/// shipped Roles grant, and the only Secrets they read, or could read, are the links'
+/// (the credentials namespace), while a Secret of Floodgate's own sits beside the Links.
+#[tokio::test]
+async fn every_request_of_the_controller_is_granted_by_the_shipped_roles() {
+    let (local, _sim, a) = holder_serving_east().await;
+    let own: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(local.client(NS).expect("client"), NS);
+    own.create(
+        &Default::default(),
+        &mk_secret("floodgate-admin-token", "token", ADMIN_TOKEN),
+    )
+    .await
+    .expect("a Secret of Floodgate's own");
+    let b = Replica::start(&local, "replica-b").await;
+    until(30, "b serves east", async || {
+        phase_on(b.admin).await.as_deref() == Some("Healthy")
+    })
+    .await;
+    let (code, v) = post(b.admin, "/links/east/quarantine", ADMIN_TOKEN, "").await;
+    assert_eq!(code, 200, "{v}");
+    until(10, "status records the quarantine", async || {
+        status(&local, "east")
+            .await
+            .is_some_and(|s| s.quarantine.is_some())
+    })
+    .await;
+    // The holder drains: it gives its Lease back, and b takes it.
+    a.stop().await;
+    until(30, "b takes east's Lease", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-b")
+    })
+    .await;
+    b.stop().await;
+
+    let grants = floodgate_e2e::rbac::Grants::of_service_account("floodgate", "floodgate")
+        .expect("the manifests' grants");
+    let asked = local.store.accesses_of(SERVICE_ACCOUNT);
+    let refused: Vec<_> = asked.iter().filter(|a| !grants.allow(a)).collect();
+    assert!(
+        refused.is_empty(),
+        "requests the shipped Roles refuse: {refused:#?}"
+    );
+    // What the controller must have asked for the above to happen: the check is not one of
+    // an empty list.
+    let did = |verb: &str, resource: &str, ns: &str| {
+        asked
+            .iter()
+            .any(|a| a.verb == verb && a.resource == resource && a.namespace == ns)
+    };
+    for (verb, resource, ns) in [
+        ("list", "secrets", CREDENTIALS_NS),
+        ("watch", "secrets", CREDENTIALS_NS),
+        ("watch", "links", NS),
+        ("patch", "links", NS),
+        ("patch", "links/status", NS),
+        ("update", "leases", NS),
+        ("create", "events", NS),
+    ] {
+        assert!(
+            did(verb, resource, ns),
+            "{verb} {resource} in {ns}: {asked:#?}"
+        );
+    }
+    let secrets: Vec<_> = asked.iter().filter(|a| a.resource == "secrets").collect();
+    assert!(
+        secrets.iter().all(|a| a.namespace == CREDENTIALS_NS),
+        "Secrets read outside the credentials namespace: {secrets:#?}"
+    );
+    assert_eq!(
+        grants.namespaces_granting("", "secrets"),
+        [CREDENTIALS_NS],
+        "the Roles let the gateway read Secrets only where the links' are"
+    );
+}

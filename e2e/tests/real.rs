@@ -623,7 +623,7 @@ async fn controller_under_rbac(kube: &RealKube, role: impl Fn(&str) -> String) -
 
     let client = kube.client().await.expect("client");
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(client.clone(), cluster::NS);
+        Api::namespaced(client.clone(), cluster::CREDENTIALS_NS);
     let pp = PostParams::default();
     let remote = kube.kubeconfig().expect("kubeconfig");
     for secret in [

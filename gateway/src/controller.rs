@@ -55,9 +55,19 @@ const LEASE_LOOP: &str = "the lease loop";
 /// `floodgate controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
-    /// The namespace whose Links (and their Secrets and Leases) this controller serves.
+    /// The namespace whose Links (and their Leases) this controller serves.
     #[arg(long, env = "FLOODGATE_NAMESPACE", default_value = "floodgate")]
     pub namespace: String,
+    /// The namespace of the Secrets the Links name (each remote's kubeconfig, each link's
+    /// consumers' token), and of nothing else: the shipped Role lets the gateway list and
+    /// watch Secrets there only, so its own admin token and TLS key (mounted files in
+    /// `--namespace`) are out of its reach through the API.
+    #[arg(
+        long,
+        env = "FLOODGATE_CREDENTIALS_NAMESPACE",
+        default_value = "floodgate-credentials"
+    )]
+    pub credentials_namespace: String,
     /// What both modes serve with: listeners, TLS, admin token, limits, state directory
     /// (whose `tls/` holds the CA and certificate every replica shares).
     #[command(flatten)]
@@ -161,7 +171,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let ns = args.namespace.clone();
     let links_api: Api<Link> = Api::namespaced(client.clone(), &ns);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.credentials_namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let recorder = Recorder::new(
         client.clone(),
@@ -174,7 +184,7 @@ pub async fn serve(
     let boot = Bootstrap::load(args.serve.to_config()?)?;
     let peers = peers_of(&args, boot.tls.as_ref())?;
     let (reader, mut found, trigger_task) =
-        trigger::start(links_api.clone(), secrets, &ns, shutdown.clone());
+        trigger::start(links_api.clone(), secrets, shutdown.clone());
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
@@ -298,6 +308,10 @@ fn mode_json(args: &ControllerArgs) -> serde_json::Map<String, serde_json::Value
     let mut mode = serde_json::Map::new();
     mode.insert("mode".into(), "controller".into());
     mode.insert("namespace".into(), args.namespace.clone().into());
+    mode.insert(
+        "credentialsNamespace".into(),
+        args.credentials_namespace.clone().into(),
+    );
     mode.insert("identity".into(), args.identity.clone().into());
     mode.insert("peers".into(), args.peers.clone().into());
     mode

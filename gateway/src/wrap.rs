@@ -2,10 +2,11 @@
 //! multicluster link-gen` (or `link`) prints and prints, for each linked cluster:
 //!
 //! - a Floodgate `Link` named after the cluster, in Floodgate's namespace, whose remote is
-//! - `<credentials>-upstream`: a copy of Linkerd's original kubeconfig (the remote's own API
-//!   server), an `Opaque` Secret Linkerd never looks at;
-//! - `floodgate-token-<cluster>`: the bearer token the link's consumers present, which the
-//!   controller reads;
+//!   the Secret below;
+//! - in the credentials namespace (the only Secrets the gateway can read),
+//!   `<credentials>-upstream`: a copy of Linkerd's original kubeconfig (the remote's own API
+//!   server), an `Opaque` Secret Linkerd never looks at, and `floodgate-token-<cluster>`: the bearer token the link's consumers present, which
+//!   the controller reads;
 //! - each credentials Secret rewritten to point its consumer at Floodgate (server
 //!   `https://<floodgate>/links/<cluster>`, Floodgate's CA, the link's token), with Linkerd's
 //!   name, namespace, type, labels and annotations kept, so Linkerd finds it where it looked.
@@ -52,8 +53,10 @@ pub fn upstream_secret_name(credentials: &str) -> String {
 /// What `wrap` needs besides its input.
 #[derive(Clone, Debug)]
 pub struct WrapOptions {
-    /// Floodgate's namespace: where the Links, upstream copies and tokens go.
+    /// Floodgate's namespace: where the Links go.
     pub namespace: String,
+    /// The credentials namespace: where the upstream copies and the tokens go.
+    pub credentials_namespace: String,
     /// The facade as consumers reach it, without the link prefix.
     pub server: String,
     /// The CA consumers trust (PEM), if the facade's certificate needs one.
@@ -270,7 +273,7 @@ fn upstream_copy(c: &Credentials, opts: &WrapOptions) -> Value {
         "kind": "Secret",
         "metadata": {
             "name": upstream_secret_name(&c.name),
-            "namespace": opts.namespace,
+            "namespace": opts.credentials_namespace,
             "labels": {"app.kubernetes.io/managed-by": "floodgate", LINKERD_CLUSTER_LABEL: c.cluster},
             "annotations": annotations,
         },
@@ -286,7 +289,7 @@ fn token_secret(link: &str, token: &str, opts: &WrapOptions) -> Value {
         "kind": "Secret",
         "metadata": {
             "name": token_secret_name(link),
-            "namespace": opts.namespace,
+            "namespace": opts.credentials_namespace,
             "labels": {"app.kubernetes.io/managed-by": "floodgate", LINKERD_CLUSTER_LABEL: link},
         },
         "type": "Opaque",
@@ -331,9 +334,17 @@ fn rewritten(original: &Secret, c: &Credentials, token: &str, opts: &WrapOptions
 pub struct WrapArgs {
     /// The YAML to read (link-gen's output, or the credentials Secret); stdin when absent or `-`.
     pub file: Option<std::path::PathBuf>,
-    /// Floodgate's namespace: where the Link, the upstream copy and the token go.
+    /// Floodgate's namespace: where the Link goes.
     #[arg(long, env = "FLOODGATE_NAMESPACE", default_value = "floodgate")]
     pub namespace: String,
+    /// The credentials namespace: where the upstream copy and the token go (the only Secrets
+    /// the gateway can read; `floodgate controller --credentials-namespace`).
+    #[arg(
+        long,
+        env = "FLOODGATE_CREDENTIALS_NAMESPACE",
+        default_value = "floodgate-credentials"
+    )]
+    pub credentials_namespace: String,
     /// The facade as Linkerd reaches it (the Service `floodgate` of the manifests).
     #[arg(long, default_value = "https://floodgate.floodgate.svc:6443")]
     pub server: String,
@@ -387,6 +398,7 @@ pub fn run_wrap(args: &WrapArgs) -> anyhow::Result<String> {
     };
     let opts = WrapOptions {
         namespace: args.namespace.clone(),
+        credentials_namespace: args.credentials_namespace.clone(),
         server: args.server.clone(),
         ca_pem,
     };

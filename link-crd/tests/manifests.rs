@@ -107,10 +107,13 @@ fn the_base_renders_and_every_object_parses_into_its_type() {
             "CustomResourceDefinition",
             "Deployment",
             "Namespace",
+            "Namespace",
             "NetworkPolicy",
             "PodDisruptionBudget",
             "Role",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "Service",
@@ -137,9 +140,15 @@ fn the_base_renders_and_every_object_parses_into_its_type() {
             Some("Namespace" | "CustomResourceDefinition")
         );
         if !cluster_scoped {
+            // The credentials namespace holds the links' Secrets and the rights to read them.
+            let want = if o["metadata"]["name"] == "floodgate-credentials" {
+                "floodgate-credentials"
+            } else {
+                "floodgate"
+            };
             assert_eq!(
-                o["metadata"]["namespace"], "floodgate",
-                "{} {} is in the floodgate namespace",
+                o["metadata"]["namespace"], want,
+                "{} {} is in namespace {want}",
                 o["kind"], o["metadata"]["name"]
             );
         }
@@ -317,24 +326,50 @@ fn rbac_is_least_privilege() {
     let operator = grants("floodgate-operator");
     let link = |v: &str| ("floodgate.dev".to_owned(), "links".to_owned(), v.to_owned());
     assert_eq!(operator, [link("get"), link("patch")]);
-    // Secrets come from a watch of the namespace: read by name never, written never.
-    assert!(has("", "secrets", "list") && has("", "secrets", "watch"));
-    for v in ["get", "create", "update", "patch", "delete"] {
-        assert!(!has("", "secrets", v), "secrets are read-only ({v})");
-    }
+    // No Secret of Floodgate's own namespace (its admin token, its TLS key) is readable
+    // through the API; the links' Secrets are, from a watch of the credentials namespace:
+    // read by name never, written never.
+    assert!(
+        !floodgate.iter().any(|(_, r, _)| r == "secrets"),
+        "no Secret of the floodgate namespace: {floodgate:?}"
+    );
+    let secret = |v: &str| (String::new(), "secrets".to_owned(), v.to_owned());
+    assert_eq!(
+        grants("floodgate-credentials"),
+        [secret("list"), secret("watch")]
+    );
     assert!(has("events.k8s.io", "events", "create"));
     for v in ["get", "create", "update"] {
         assert!(has("coordination.k8s.io", "leases", v));
     }
-    let binding: RoleBinding = parse_exact(of_kind(&objs, "RoleBinding")[0]);
-    let subject = &binding.subjects.expect("subjects")[0];
+    // Both Roles are bound to the ServiceAccount, each in its namespace.
+    let mut bound: Vec<(String, String)> = Vec::new();
+    for b in of_kind(&objs, "RoleBinding") {
+        let binding: RoleBinding = parse_exact(b);
+        let subject = &binding.subjects.expect("subjects")[0];
+        assert_eq!(
+            (
+                subject.kind.as_str(),
+                subject.name.as_str(),
+                subject.namespace.as_deref()
+            ),
+            ("ServiceAccount", "floodgate", Some("floodgate"))
+        );
+        bound.push((
+            binding.metadata.namespace.unwrap_or_default(),
+            binding.role_ref.name,
+        ));
+    }
+    bound.sort();
     assert_eq!(
-        (
-            subject.kind.as_str(),
-            subject.name.as_str(),
-            subject.namespace.as_deref()
-        ),
-        ("ServiceAccount", "floodgate", Some("floodgate"))
+        bound,
+        [
+            ("floodgate".to_owned(), "floodgate".to_owned()),
+            (
+                "floodgate-credentials".to_owned(),
+                "floodgate-credentials".to_owned()
+            ),
+        ]
     );
 }
 

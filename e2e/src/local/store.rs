@@ -85,6 +85,23 @@ pub enum PatchKind {
     Strategic,
 }
 
+/// A request's authorization attributes, as the API server hands them to RBAC: who, which
+/// verb, on what, where.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Access {
+    /// The user: the bearer token presented (the local cluster takes it as the user's name),
+    /// or `system:anonymous`.
+    pub user: String,
+    /// `get`, `list`, `watch`, `create`, `update`, `patch` or `delete`.
+    pub verb: &'static str,
+    /// The API group (`""` for the core group).
+    pub group: &'static str,
+    /// The resource, with its subresource: `links/status`.
+    pub resource: String,
+    /// The namespace (`""` for a request across namespaces).
+    pub namespace: String,
+}
+
 /// The local cluster's store.
 #[derive(Debug)]
 pub struct LocalStore {
@@ -92,6 +109,8 @@ pub struct LocalStore {
     requests: std::sync::atomic::AtomicU64,
     /// Requests by method and path (no query), for tests that check what a client asks.
     by_path: Mutex<std::collections::HashMap<String, u64>>,
+    /// What each user asked, as RBAC judges it.
+    accesses: Mutex<std::collections::BTreeSet<Access>>,
     frames: broadcast::Sender<Arc<Frame>>,
     history: usize,
 }
@@ -132,6 +151,7 @@ impl LocalStore {
             inner: Mutex::new(Inner::default()),
             requests: std::sync::atomic::AtomicU64::new(0),
             by_path: Mutex::default(),
+            accesses: Mutex::default(),
             frames: broadcast::channel(FANOUT).0,
             history: history.max(1),
         }
@@ -147,6 +167,21 @@ impl LocalStore {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut by_path = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
         *by_path.entry(format!("{method} {path}")).or_default() += 1;
+    }
+
+    /// Notes a request's authorization attributes.
+    pub fn record_access(&self, access: Access) {
+        (self.accesses.lock().unwrap_or_else(|e| e.into_inner())).insert(access);
+    }
+
+    /// Every distinct access `user` made so far.
+    pub fn accesses_of(&self, user: &str) -> Vec<Access> {
+        let accesses = self.accesses.lock().unwrap_or_else(|e| e.into_inner());
+        accesses
+            .iter()
+            .filter(|a| a.user == user)
+            .cloned()
+            .collect()
     }
 
     /// Requests served so far with `method` on `path` (no query).

@@ -71,9 +71,11 @@ pub fn referenced_secrets(link: &Link) -> Vec<String> {
     names
 }
 
-/// What should run for `link`, given the Secrets the controller found (`None`: not found).
+/// What should run for `link`, given the Secrets the controller found in `namespace` (`None`:
+/// not found).
 pub fn desired(
     link: &Link,
+    namespace: &str,
     credentials: Option<&Secret>,
     token: Option<&Secret>,
 ) -> Result<DesiredLink, Blocked> {
@@ -93,13 +95,13 @@ pub fn desired(
     let Some(credentials) = credentials else {
         return Err(Blocked {
             reason: "SecretNotFound",
-            message: format!("Secret {:?} not found", secret_ref.name),
+            message: format!("Secret {namespace}/{} not found", secret_ref.name),
         });
     };
     let kubeconfig = secret_value(credentials, &secret_ref.key).ok_or_else(|| Blocked {
         reason: "SecretKeyNotFound",
         message: format!(
-            "Secret {:?} has no key {:?}",
+            "Secret {namespace}/{} has no key {:?}",
             secret_ref.name, secret_ref.key
         ),
     })?;
@@ -107,7 +109,7 @@ pub fn desired(
         return Err(Blocked {
             reason: "InvalidKubeconfig",
             message: format!(
-                "Secret {:?} key {:?} is not a kubeconfig: {e}",
+                "Secret {namespace}/{} key {:?} is not a kubeconfig: {e}",
                 secret_ref.name, secret_ref.key
             ),
         });
@@ -120,7 +122,7 @@ pub fn desired(
         .ok_or_else(|| Blocked {
             reason: "TokenNotFound",
             message: format!(
-                "Secret {token_name:?} with key {TOKEN_KEY:?} (the consumers' token) not found: `floodgate wrap` prints it"
+                "Secret {namespace}/{token_name} with key {TOKEN_KEY:?} (the consumers' token) not found: `floodgate wrap` prints it"
             ),
         })?;
     Ok(DesiredLink {
@@ -185,6 +187,9 @@ mod tests {
 
     use super::*;
 
+    /// The credentials namespace.
+    const NS: &str = "floodgate-credentials";
+
     const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: east\n  cluster:\n    server: https://east.example.com:6443\ncontexts:\n- name: east\n  context: {cluster: east, user: sa}\ncurrent-context: east\nusers:\n- name: sa\n  user: {token: remote}\n";
 
     fn mk_link(name: &str) -> Link {
@@ -232,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_link_with_its_secrets_runs() {
-        let d = desired(&mk_link("east"), Some(&creds()), Some(&token())).expect("runs");
+        let d = desired(&mk_link("east"), NS, Some(&creds()), Some(&token())).expect("runs");
         assert_eq!(d.name, "east");
         assert_eq!(d.kubeconfig, KUBECONFIG);
         assert_eq!(d.token, "t0ken");
@@ -249,16 +254,16 @@ mod tests {
         let link = mk_link("east");
         let reason = |r: Result<DesiredLink, Blocked>| r.expect_err("blocked").reason;
         assert_eq!(
-            reason(desired(&link, None, Some(&token()))),
+            reason(desired(&link, NS, None, Some(&token()))),
             "SecretNotFound"
         );
         assert_eq!(
-            reason(desired(&link, Some(&creds()), None)),
+            reason(desired(&link, NS, Some(&creds()), None)),
             "TokenNotFound"
         );
         let wrong_key = mk_secret("cluster-credentials-east-upstream", "config", KUBECONFIG);
         assert_eq!(
-            reason(desired(&link, Some(&wrong_key), Some(&token()))),
+            reason(desired(&link, NS, Some(&wrong_key), Some(&token()))),
             "SecretKeyNotFound"
         );
         let garbage = mk_secret(
@@ -267,12 +272,12 @@ mod tests {
             "clusters: 7",
         );
         assert_eq!(
-            reason(desired(&link, Some(&garbage), Some(&token()))),
+            reason(desired(&link, NS, Some(&garbage), Some(&token()))),
             "InvalidKubeconfig"
         );
         let empty_token = mk_secret("floodgate-token-east", "token", "  ");
         assert_eq!(
-            reason(desired(&link, Some(&creds()), Some(&empty_token))),
+            reason(desired(&link, NS, Some(&creds()), Some(&empty_token))),
             "TokenNotFound"
         );
     }
@@ -282,7 +287,7 @@ mod tests {
         let mut link = mk_link("east");
         link.spec.coalesce.quiet = "5s".parse().expect("duration");
         link.spec.remote.kubeconfig_path = Some("/etc/east".into());
-        let b = desired(&link, Some(&creds()), Some(&token())).expect_err("invalid");
+        let b = desired(&link, NS, Some(&creds()), Some(&token())).expect_err("invalid");
         assert_eq!(b.reason, "InvalidSpec");
         assert!(b.is_spec_error());
         assert!(b.message.contains("spec.coalesce.quiet"), "{}", b.message);
@@ -293,14 +298,14 @@ mod tests {
             kubeconfig_path: Some("/etc/east".into()),
             ..RemoteSpec::default()
         };
-        let b = desired(&path_only, None, Some(&token())).expect_err("no path in a cluster");
+        let b = desired(&path_only, NS, None, Some(&token())).expect_err("no path in a cluster");
         assert_eq!(b.reason, "KubeconfigPathInCluster");
     }
 
     #[test]
     fn plans_follow_the_link() {
         let link = mk_link("east");
-        let d = desired(&link, Some(&creds()), Some(&token()));
+        let d = desired(&link, NS, Some(&creds()), Some(&token()));
         let run = d.clone().expect("runs");
         assert_eq!(plan(None, Some(&d)), Action::Start(run.clone()));
         assert_eq!(plan(Some(&run), Some(&d)), Action::Keep);
@@ -315,6 +320,7 @@ mod tests {
         // New credentials reconnect the running link; a new spec restarts it.
         let rotated = desired(
             &link,
+            NS,
             Some(&mk_secret(
                 "cluster-credentials-east-upstream",
                 "kubeconfig",
@@ -328,14 +334,14 @@ mod tests {
         ));
         let mut edited = link.clone();
         edited.spec.caps.max_endpoints_per_service = 10;
-        let edited = desired(&edited, Some(&creds()), Some(&token()));
+        let edited = desired(&edited, NS, Some(&creds()), Some(&token()));
         assert!(matches!(
             plan(Some(&run), Some(&edited)),
             Action::Restart(_)
         ));
 
         // A broken edit keeps the last good run serving.
-        let broken = desired(&link, None, Some(&token()));
+        let broken = desired(&link, NS, None, Some(&token()));
         assert_eq!(plan(Some(&run), Some(&broken)), Action::Keep);
         assert_eq!(plan(None, Some(&broken)), Action::Keep);
     }

@@ -10,10 +10,11 @@
 //! deleted Link is not reconciled (the Controller drops what its cache no longer holds); the
 //! loop stops the runs of Links its cache no longer has.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use floodgate_link_crd::Link;
-use futures_util::{Stream, StreamExt as _};
+use futures_util::{Stream, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -38,23 +39,30 @@ pub struct Reconciled {
 pub struct LoopStopped;
 
 struct Context {
-    namespace: String,
+    /// Where the Secrets are (the credentials namespace).
+    secrets_namespace: String,
     secrets: Store<Secret>,
+    /// Why the Secrets' watch last failed, for a Link blocked until they are listed.
+    secrets_error: Arc<Mutex<Option<String>>>,
     found: mpsc::Sender<Reconciled>,
 }
+
+/// How long a reconcile waits for the Secrets' first list before it reports the Link
+/// blocked on them (and tries again as long later).
+const SECRETS_LISTED: Duration = Duration::from_secs(10);
 
 /// Reconciles waiting for the loop that owns the links; a full queue holds the next reconcile
 /// back (the Controller keeps scheduling and deduplicating meanwhile).
 const FOUND_QUEUE: usize = 64;
 
-/// Starts the Controller on the Links and Secrets of `namespace`, until `shutdown`. Returns
+/// Starts the Controller on the Links of `links`' namespace and the Secrets of `secrets`'
+/// (the credentials namespace), until `shutdown`. Returns
 /// the Links' cache (every change, status included, as the watch delivers it), what each
 /// reconcile finds, and the Controller's task (the caller watches it: it ends only at
 /// shutdown).
 pub fn start(
     links: Api<Link>,
     secrets: Api<Secret>,
-    namespace: &str,
     mut shutdown: watch::Receiver<bool>,
 ) -> (
     Store<Link>,
@@ -66,14 +74,21 @@ pub fn start(
         .default_backoff()
         .touched_objects()
         .predicate_filter(predicates::generation, Default::default());
+    let secrets_namespace = secrets.namespace().unwrap_or_default().to_owned();
     let (secrets_cache, secrets_writer) = reflector::store::<Secret>();
+    let secrets_error = Arc::new(Mutex::new(None));
+    let noted = secrets_error.clone();
     let secret_changes = reflector(secrets_writer, watcher(secrets, watcher::Config::default()))
+        .inspect_err(move |e| {
+            *noted.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        })
         .default_backoff()
         .touched_objects();
     let (found, found_rx) = mpsc::channel(FOUND_QUEUE);
     let ctx = Arc::new(Context {
-        namespace: namespace.to_owned(),
+        secrets_namespace,
         secrets: secrets_cache,
+        secrets_error,
         found,
     });
     let naming = links_cache.clone();
@@ -101,17 +116,41 @@ fn links_naming(links: &Store<Link>, secret: &str) -> Vec<ObjectRef<Link>> {
 
 async fn reconcile_link(link: Arc<Link>, ctx: Arc<Context>) -> Result<Action, LoopStopped> {
     // A Link reconciled before the Secrets are listed would be blocked on a Secret that
-    // exists. The Controller polls the Secrets' stream while this waits.
-    if ctx.secrets.wait_until_ready().await.is_err() {
-        return Err(LoopStopped);
+    // exists. The Controller polls the Secrets' stream while this waits; a list that keeps
+    // failing (the Role does not grant it, say) blocks the Link with the reason.
+    match tokio::time::timeout(SECRETS_LISTED, ctx.secrets.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return Err(LoopStopped),
+        Err(_) => {
+            let why = (ctx.secrets_error.lock().unwrap_or_else(|e| e.into_inner()))
+                .clone()
+                .unwrap_or_else(|| "no answer yet".into());
+            let desired = Err(Blocked {
+                reason: "SecretsUnreadable",
+                message: format!(
+                    "the Secrets of namespace {:?} could not be listed: {why}",
+                    ctx.secrets_namespace
+                ),
+            });
+            ctx.found
+                .send(Reconciled { link, desired })
+                .await
+                .map_err(|_| LoopStopped)?;
+            return Ok(Action::requeue(SECRETS_LISTED));
+        }
     }
     let secret = |name: &str| {
         ctx.secrets
-            .get(&ObjectRef::new(name).within(&ctx.namespace))
+            .get(&ObjectRef::new(name).within(&ctx.secrets_namespace))
     };
     let credentials = (link.spec.remote.kubeconfig_secret.as_ref()).and_then(|s| secret(&s.name));
     let token = secret(&crate::credentials::token_secret_name(&link.name_any()));
-    let desired = reconcile::desired(&link, credentials.as_deref(), token.as_deref());
+    let desired = reconcile::desired(
+        &link,
+        &ctx.secrets_namespace,
+        credentials.as_deref(),
+        token.as_deref(),
+    );
     ctx.found
         .send(Reconciled { link, desired })
         .await

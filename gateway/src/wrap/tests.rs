@@ -85,6 +85,7 @@ spec:
 fn opts() -> WrapOptions {
     WrapOptions {
         namespace: "floodgate".into(),
+        credentials_namespace: "floodgate-credentials".into(),
         server: "https://floodgate.floodgate.svc:6443/".into(),
         ca_pem: Some(
             "-----BEGIN CERTIFICATE-----\nfloodgate-ca\n-----END CERTIFICATE-----\n".into(),
@@ -142,7 +143,7 @@ fn link_gen_output_becomes_a_link_its_upstream_and_secrets_pointing_at_floodgate
     let upstream = find(
         &docs,
         "Secret",
-        "floodgate",
+        "floodgate-credentials",
         "cluster-credentials-east-upstream",
     );
     assert_eq!(upstream["type"], "Opaque");
@@ -152,7 +153,12 @@ fn link_gen_output_becomes_a_link_its_upstream_and_secrets_pointing_at_floodgate
         REMOTE_KUBECONFIG.as_bytes()
     );
 
-    let token = find(&docs, "Secret", "floodgate", "floodgate-token-east");
+    let token = find(
+        &docs,
+        "Secret",
+        "floodgate-credentials",
+        "floodgate-token-east",
+    );
     let s: Secret = serde_json::from_value(token.clone()).expect("secret");
     assert_eq!(s.data.expect("data")[TOKEN_KEY].0, b"token-of-east");
 
@@ -207,7 +213,7 @@ fn unwrapping_by_hand_gets_the_original_back() {
     let upstream = find(
         &docs,
         "Secret",
-        "floodgate",
+        "floodgate-credentials",
         "cluster-credentials-east-upstream",
     );
     let original: Vec<Value> = serde_yaml::Deserializer::from_str(&input)
