@@ -185,6 +185,7 @@ async fn losing_the_lease_stops_writing() {
         fast().lease,
         wanted,
         held_tx,
+        kube::runtime::reflector::store().1,
         shutdown,
     ));
     until(10, "a holds both", async || held.borrow().len() == 2).await;
@@ -375,6 +376,24 @@ async fn a_draining_holder_hands_its_links_over_at_once() {
     })
     .await;
     assert_eq!(lease_holder(&local, "east").as_deref(), Some("replica-a"));
+    // Who decides, as operators see it: either replica's admin API and the Link's status.
+    let shown = async |replica: &Replica| {
+        floodgate_e2e::admin::link(replica.admin, "east")
+            .await
+            .and_then(|l| l["leaseHolder"].as_str().map(str::to_owned))
+    };
+    until(
+        10,
+        "both replicas and the status name a as the holder",
+        async || {
+            shown(&a).await.as_deref() == Some("replica-a")
+                && shown(&b).await.as_deref() == Some("replica-a")
+                && status(&local, "east")
+                    .await
+                    .is_some_and(|s| s.lease_holder.as_deref() == Some("replica-a"))
+        },
+    )
+    .await;
 
     let stopped = tokio::time::Instant::now();
     let stopping = tokio::spawn(a.stop());
@@ -389,5 +408,12 @@ async fn a_draining_holder_hands_its_links_over_at_once() {
         "handover took {handover:?}"
     );
     stopping.await.expect("a stopped");
+    until(10, "b's admin API and the status name b", async || {
+        shown(&b).await.as_deref() == Some("replica-b")
+            && status(&local, "east")
+                .await
+                .is_some_and(|s| s.lease_holder.as_deref() == Some("replica-b"))
+    })
+    .await;
     b.stop().await;
 }

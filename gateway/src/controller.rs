@@ -185,9 +185,13 @@ pub async fn serve(
     let peers = peers_of(&args, boot.tls.as_ref())?;
     let (reader, mut found, trigger_task) =
         trigger::start(links_api.clone(), secrets, shutdown.clone());
+    // Who holds each link's Lease, as the lease loop's watch sees them (the admin API's
+    // `leaseHolder`).
+    let (holders, leases_seen) = kube::runtime::reflector::store::<Lease>();
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
+        holders,
         namespace: ns.clone(),
         identity: args.identity.clone(),
         peers,
@@ -210,6 +214,7 @@ pub async fn serve(
         timing.lease,
         wanted,
         held_tx,
+        leases_seen,
         shutdown.clone(),
     ));
     let (status_tx, status_rx) = mpsc::channel(writer::STATUS_QUEUE);
@@ -275,6 +280,7 @@ pub async fn serve(
         let held_now = held.borrow().clone();
         let now = Time(jiff::Timestamp::now());
         let tick = Tick {
+            identity: &args.identity,
             held: &held_now,
             now: &now,
             commands: &commands,
@@ -354,6 +360,8 @@ fn record_phase(
 
 /// What one status tick shares between the Links it looks at.
 struct Tick<'a> {
+    /// This replica's identity in Leases.
+    identity: &'a str,
     held: &'a BTreeSet<String>,
     now: &'a Time,
     commands: &'a commands::Commands,
@@ -377,6 +385,7 @@ impl Tick<'_> {
             generation: link.metadata.generation,
             blocked,
             state: state.as_ref(),
+            holder: self.identity,
         };
         let next = status::next_status(link.status.as_ref(), &obs, self.now);
         let holder = self.held.contains(&name);

@@ -38,6 +38,9 @@ pub struct Entry {
 pub trait Relay: Send + Sync + std::fmt::Debug + 'static {
     /// True while this replica decides for the link itself.
     fn decides(&self) -> bool;
+    /// The replica that decides for the link (its Lease holder), as last seen; `None` while
+    /// nobody does.
+    fn holder(&self) -> Option<String>;
     /// Sends `order` to the replica that decides and waits a while for its answer
     /// (`Ok(None)`: sent, not answered yet).
     fn forward(&self, order: Order) -> BoxFuture<'static, Result<Option<Outcome>, SendError>>;

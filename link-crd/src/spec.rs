@@ -31,6 +31,7 @@ pub const EXPORTED_LABEL: &str = "mirror.linkerd.io/exported";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Services","type":"integer","jsonPath":".status.counters.services"}"#,
     printcolumn = r#"{"name":"Endpoints","type":"integer","jsonPath":".status.counters.endpointsPublished"}"#,
+    printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.leaseHolder"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

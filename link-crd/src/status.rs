@@ -43,6 +43,10 @@ pub struct LinkStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The replica (pod) holding the link's Lease, which decides for the link and wrote this
+    /// status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_holder: Option<String>,
     /// Kubernetes-style conditions: `Ready`, `Synced`, `Throttled`, `Quarantined`, `SpecValid`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -456,7 +456,7 @@ fn the_crd_schema_carries_the_documented_constraints() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Phase", "Services", "Endpoints", "Age"]);
+    assert_eq!(columns, ["Phase", "Services", "Endpoints", "Holder", "Age"]);
 
     let schema = serde_json::to_value(&version.schema).expect("schema serializes");
     let spec = &schema["openAPIV3Schema"]["properties"]["spec"];

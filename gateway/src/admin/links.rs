@@ -26,6 +26,10 @@ pub fn describe(link: &Entry) -> Value {
     let state = link.handle.state.borrow().clone();
     let mut v = describe_state(link.name(), &state, Some(&link.api));
     v["counters"]["viewBytes"] = link.handle.view.json_bytes().into();
+    // In a cluster, the replica that decides for the link (null while none does).
+    if let Some(relay) = &link.relay {
+        v["leaseHolder"] = relay.holder().into();
+    }
     v
 }
 

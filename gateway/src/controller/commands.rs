@@ -206,6 +206,8 @@ pub(super) struct Shared {
     pub(super) api: Api<Link>,
     /// The controller's cache of the Links, where a relay looks for the holder's answer.
     pub(super) links: kube::runtime::reflector::Store<Link>,
+    /// The Leases as the lease loop watches them: who holds each link's.
+    pub(super) holders: kube::runtime::reflector::Store<k8s_openapi::api::coordination::v1::Lease>,
     pub(super) namespace: String,
     pub(super) identity: String,
     pub(super) peers: Option<super::peers::Peers>,
@@ -223,6 +225,10 @@ pub(super) struct LinkRelay {
 impl crate::registry::Relay for LinkRelay {
     fn decides(&self) -> bool {
         *self.deciding.borrow()
+    }
+
+    fn holder(&self) -> Option<String> {
+        super::lease::holder(&self.base.holders, &self.base.namespace, &self.link)
     }
 
     fn forward(

@@ -15,6 +15,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
 
 /// What the name of every link's Lease starts with.
@@ -157,12 +159,21 @@ pub async fn give_back(api: &Api<Lease>, link: &str, identity: &str) -> Result<b
     }
 }
 
+/// The holder of link `link`'s Lease as `leases` (the lease loop's cache) last saw it: the
+/// replica that decides for the link, or `None` while nobody does.
+pub fn holder(leases: &Store<Lease>, namespace: &str, link: &str) -> Option<String> {
+    let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(namespace))?;
+    (lease.spec.as_ref()?.holder_identity.clone()).filter(|h| !h.is_empty())
+}
+
 /// Yields whenever a link's Lease has no holder (given back by a replica that drains, or new):
-/// the replicas that want it try at once rather than at their next renewal.
-fn freed(api: Api<Lease>) -> impl futures_util::Stream<Item = ()> + Send {
+/// the replicas that want it try at once rather than at their next renewal. The Leases seen
+/// are kept in `seen`'s store, where the admin API reads who holds each.
+fn freed(api: Api<Lease>, seen: Writer<Lease>) -> impl futures_util::Stream<Item = ()> + Send {
     use futures_util::StreamExt as _;
     use kube::runtime::WatchStreamExt as _;
-    kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+    let watch = kube::runtime::watcher(api, kube::runtime::watcher::Config::default());
+    kube::runtime::reflector(seen, watch)
         .default_backoff()
         .applied_objects()
         .filter_map(|lease| async move {
@@ -182,7 +193,7 @@ fn freed(api: Api<Lease>) -> impl futures_util::Stream<Item = ()> + Send {
 }
 
 /// Keeps trying to hold the Lease of every link in `links`, publishing the set held on
-/// `held`. Runs until `shutdown`; then it empties `held` (this replica decides no more) and
+/// `held` and the Leases it watches in `seen`'s store. Runs until `shutdown`; then it empties `held` (this replica decides no more) and
 /// gives back every Lease it held, so a rolling restart hands each link over at once.
 pub async fn run(
     api: Api<Lease>,
@@ -190,12 +201,13 @@ pub async fn run(
     timing: LeaseTiming,
     mut links: watch::Receiver<BTreeSet<String>>,
     held: watch::Sender<BTreeSet<String>>,
+    seen: Writer<Lease>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     use futures_util::StreamExt as _;
     let mut tick = tokio::time::interval(timing.renew);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut freed = std::pin::pin!(freed(api.clone()));
+    let mut freed = std::pin::pin!(freed(api.clone(), seen));
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,

@@ -22,6 +22,8 @@ pub struct Observation<'a> {
     pub blocked: Option<&'a Blocked>,
     /// The running link's state, if a run exists (possibly of an earlier, good spec).
     pub state: Option<&'a LinkState>,
+    /// The replica that computes this status: the holder of the link's Lease.
+    pub holder: &'a str,
 }
 
 /// The status `obs` should produce, keeping `lastTransitionTime`s (and the quarantine's
@@ -109,6 +111,7 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
     LinkStatus {
         phase: Some(phase),
         observed_generation: obs.generation,
+        lease_holder: Some(obs.holder.to_owned()),
         conditions,
         quarantine,
         contained_services: obs.state.and_then(|s| contained_services(prev, s, now)),
@@ -166,7 +169,7 @@ fn clamp(n: u64) -> i64 {
 }
 
 /// True when `next` differs from `prev` in more than counters and figures: a phase, a
-/// condition, a quarantine or a containment change. Transitions are written at once; counters wait for the
+/// condition, a quarantine or a containment change, or a new Lease holder. Transitions are written at once; counters wait for the
 /// next write slot.
 pub fn is_transition(prev: Option<&LinkStatus>, next: &LinkStatus) -> bool {
     let Some(prev) = prev else { return true };
@@ -174,6 +177,7 @@ pub fn is_transition(prev: Option<&LinkStatus>, next: &LinkStatus) -> bool {
         (
             s.phase,
             s.observed_generation,
+            s.lease_holder.clone(),
             s.conditions
                 .iter()
                 .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))

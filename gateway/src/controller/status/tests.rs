@@ -30,6 +30,7 @@ fn obs<'a>(state: Option<&'a LinkState>, blocked: Option<&'a Blocked>) -> Observ
         generation: Some(3),
         blocked,
         state,
+        holder: "replica-a",
     }
 }
 
@@ -41,6 +42,7 @@ fn a_healthy_synced_link_is_ready_with_its_generation() {
     let s = next_status(None, &obs(Some(&st), None), &t(0));
     assert_eq!(s.phase, Some(Phase::Healthy));
     assert_eq!(s.observed_generation, Some(3));
+    assert_eq!(s.lease_holder.as_deref(), Some("replica-a"));
     for (ty, status) in [
         ("SpecValid", "True"),
         ("Synced", "True"),
@@ -70,6 +72,25 @@ fn transition_times_move_only_when_a_condition_flips() {
     assert_eq!(cond(&later, "Ready").last_transition_time, t(0));
     assert!(is_transition(Some(&same), &later));
     assert!(!is_transition(Some(&first), &same));
+}
+
+/// A replica that takes the Lease over says so at its first tick, not at the next write slot:
+/// `kubectl get links` names who decides.
+#[test]
+fn a_new_lease_holder_is_written_at_once() {
+    let st = mk_state(Phase::Healthy, true);
+    let by_a = next_status(None, &obs(Some(&st), None), &t(0));
+    let by_b = next_status(
+        Some(&by_a),
+        &Observation {
+            holder: "replica-b",
+            ..obs(Some(&st), None)
+        },
+        &t(5),
+    );
+    assert_eq!(by_b.lease_holder.as_deref(), Some("replica-b"));
+    assert!(is_transition(Some(&by_a), &by_b));
+    assert_eq!(cond(&by_b, "Ready").last_transition_time, t(0));
 }
 
 #[test]
