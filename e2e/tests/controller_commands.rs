@@ -219,10 +219,10 @@ async fn a_command_annotation_is_carried_out_and_cleared() {
     a.stop().await;
 }
 
-/// Two commands of the same kind from two senders (the admin APIs of the two replicas that
-/// do not hold the Lease), both refused (the link is not quarantined): two Events, each naming
-/// its own sender. kube's Recorder folded them into one series that kept the first sender's
-/// note.
+/// Three commands of the same kind from three senders (the admin APIs of the holder and of
+/// the two replicas that do not hold the Lease), all refused (the link is not quarantined):
+/// three Events, each naming its own sender. kube's Recorder folded them into one series that
+/// kept the first sender's note, and a command sent to the holder's own admin API got none.
 #[tokio::test]
 async fn each_command_gets_an_event_naming_its_own_sender() {
     let (local, _sim, a) = holder_serving_east().await;
@@ -233,18 +233,18 @@ async fn each_command_gets_an_event_naming_its_own_sender() {
             && phase_on(c.admin).await.as_deref() == Some("Healthy")
     })
     .await;
-    for replica in [&b, &c] {
+    for replica in [&a, &b, &c] {
         let (code, v) = post(replica.admin, "/links/east/release", ADMIN_TOKEN, "").await;
         assert_eq!(code, 409, "{v}");
         assert_eq!(v["decidedBy"], "replica-a", "{v}");
     }
-    until(10, "two Events, one per sender", async || {
+    until(10, "three Events, one per sender", async || {
         let refused = events(&local, "CommandRefused");
         let from = |r: &str| {
             let prefix = format!("\"release\" from the admin API of replica {r}");
             refused.iter().filter(|n| n.starts_with(&prefix)).count() == 1
         };
-        refused.len() == 2 && from("replica-b") && from("replica-c")
+        refused.len() == 3 && from("replica-a") && from("replica-b") && from("replica-c")
     })
     .await;
     c.stop().await;

@@ -294,9 +294,10 @@ async fn quarantine(
     command(&s, &name, &headers, &body, Order::Quarantine).await
 }
 
-/// The one path of the mutating routes: check the request ([`operator_request`]), then pass
-/// the [`Order`] made from its message to the Lease holder, or carry it out here with
-/// [`Order::apply`], as a command written on a Link is.
+/// The one path of the mutating routes: check the request ([`operator_request`]), then, in a
+/// cluster, pass the [`Order`] made from its message to the Lease holder through the Link
+/// (this replica's own holder loop included, so every command gets its Event); standalone,
+/// carry it out here with [`Order::apply`], as a command written on a Link is.
 async fn command(
     s: &AdminState,
     name: &str,
@@ -307,7 +308,7 @@ async fn command(
     let (link, req) = operator_request(s, name, headers, body)?;
     let note = req.message.clone().unwrap_or_default();
     let order = order(req.message);
-    if let Some(relay) = relayed(&link) {
+    if let Some(relay) = &link.relay {
         return forwarded(name, relay.forward(order).await);
     }
     let applied = answer(name, order.apply(&link.handle, BY)).await;
@@ -327,11 +328,6 @@ async fn command(
         Order::Quarantine(_) => json!({ "link": name, "transition": t }),
     };
     Ok(Json(body).into_response())
-}
-
-/// The relay of a link this replica does not decide for.
-fn relayed(link: &Entry) -> Option<&Arc<dyn crate::registry::Relay>> {
-    link.relay.as_ref().filter(|r| !r.decides())
 }
 
 /// The answer to a command passed on to the Lease holder: the holder's own code and message,

@@ -36,8 +36,6 @@ pub struct Entry {
 /// How an operator's command reaches the replica that decides for a link (in cluster mode,
 /// the holder of its Lease; see [`crate::command`]).
 pub trait Relay: Send + Sync + std::fmt::Debug + 'static {
-    /// True while this replica decides for the link itself.
-    fn decides(&self) -> bool;
     /// The replica that decides for the link (its Lease holder), as last seen; `None` while
     /// nobody does.
     fn holder(&self) -> Option<String>;

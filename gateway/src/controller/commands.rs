@@ -213,20 +213,16 @@ pub(super) struct Shared {
     pub(super) peers: Option<super::peers::Peers>,
 }
 
-/// Carries a command sent to this replica's admin API to the link's Lease holder, unless this
-/// replica holds it.
+/// Carries a command sent to this replica's admin API to the link's Lease holder, through the
+/// Link, whichever replica holds it (this one too): every command is decided, recorded in an
+/// Event and answered on one path.
 #[derive(Debug)]
 pub(super) struct LinkRelay {
     pub(super) base: Shared,
     pub(super) link: String,
-    pub(super) deciding: tokio::sync::watch::Receiver<bool>,
 }
 
 impl crate::registry::Relay for LinkRelay {
-    fn decides(&self) -> bool {
-        *self.deciding.borrow()
-    }
-
     fn holder(&self) -> Option<String> {
         super::lease::holder(&self.base.holders, &self.base.namespace, &self.link)
     }

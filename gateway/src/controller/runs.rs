@@ -236,7 +236,6 @@ impl Runs {
         let relay = Arc::new(LinkRelay {
             base: shared.clone(),
             link: d.name.clone(),
-            deciding: deciding.subscribe(),
         });
         self.registry
             .insert_relayed(handle.clone(), &d.token, Some(relay));
