@@ -9,7 +9,10 @@
 //!   through Floodgate side by side, reported in `make bench`'s S1 rows; a cold start during it;
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd;
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
-//!   ServiceAccount; the same with a verb it needs taken out of its Role.
+//!   ServiceAccount; the same with a verb it needs taken out of its Role;
+//! - [`replicas`]: two controller replicas: a command through the one without the Lease, a
+//!   command set with kubectl by an operator bound to the shipped `floodgate-operator` Role, and
+//!   the holder SIGKILLed.
 //!
 //! Guarantees 7 and 8 are asserted here against the real server: a contained service is served
 //! whole (no ready endpoint without its pod, in the resolver's cache), and the link is
@@ -18,6 +21,7 @@
 mod controller;
 mod drop_in;
 mod outage;
+mod replicas;
 mod s1;
 
 use std::collections::BTreeSet;
