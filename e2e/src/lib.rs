@@ -7,7 +7,8 @@
 //! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
 //! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
 //! ([`local`], [`cluster`]), a real etcd and kube-apiserver with the Go programs the real-server
-//! lane drives ([`real`]), and the scenario tests in `tests/`.
+//! lane drives ([`real`]), the rows both report S1 with ([`report`]), and the scenario tests in
+//! `tests/`.
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,7 @@ pub mod modes;
 pub mod process;
 pub mod rbac;
 pub mod real;
+pub mod report;
 pub mod resolve;
 pub mod sim;
 

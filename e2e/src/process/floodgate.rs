@@ -35,6 +35,7 @@ pub struct Launch {
     log: String,
     piped: bool,
     cluster: Option<PathBuf>,
+    identity: String,
 }
 
 impl Launch {
@@ -51,7 +52,15 @@ impl Launch {
             log: "info".into(),
             piped: false,
             cluster: None,
+            identity: "floodgate-0".into(),
         }
+    }
+
+    /// In controller mode, the replica's identity in Leases (`--identity`; `floodgate-0`
+    /// unless set), so that two replicas of one cluster can run side by side.
+    pub fn identity(mut self, identity: &str) -> Self {
+        self.identity = identity.to_owned();
+        self
     }
 
     /// In controller mode, follows the cluster of the kubeconfig file `path` (a real API
@@ -130,7 +139,7 @@ impl Launch {
                 };
                 env.push(("KUBECONFIG".into(), kubeconfig.into()));
                 argv.extend(["controller".into(), "--namespace".into(), NS.into()]);
-                argv.extend(["--identity".into(), "floodgate-0".into()]);
+                argv.extend(["--identity".into(), self.identity.clone().into()]);
             }
         }
         argv.extend([

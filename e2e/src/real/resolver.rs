@@ -1,7 +1,8 @@
 //! The client-go resolver consumer (`e2e/realkube/cmd/resolver`) as a child process: shared
 //! informers as Linkerd's destination has them, in one of four modes (protobuf or JSON, streaming
 //! lists on or off). It prints a report line a second; a reader task keeps the latest line and,
-//! per service, the most ready endpoints without their pod any line showed once synced.
+//! per service, the most ready endpoints without their pod any line showed once synced. A line
+//! also says when each stamped slice change (a calm roll of the crash-loop driver) arrived.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -77,12 +78,24 @@ pub struct ResolverReport {
     pub ready_without_pod_by_service: BTreeMap<String, u64>,
     /// Ready endpoints by service.
     pub ready_by_service: BTreeMap<String, u64>,
+    /// Each stamped slice change it saw (see the crash-loop driver's calm rolls): the stamp and
+    /// when its handler first saw it, wall-clock ms.
+    #[serde(default)]
+    pub stamped: Vec<(u64, u64)>,
 }
 
 impl ResolverReport {
     /// Events of every kind.
     pub fn events_total(&self) -> u64 {
         self.events.values().sum()
+    }
+
+    /// When the change stamped `stamp` reached it (wall-clock ms), if it did.
+    pub fn seen_at(&self, stamp: u64) -> Option<u64> {
+        self.stamped
+            .iter()
+            .find(|(s, _)| *s == stamp)
+            .map(|(_, at)| *at)
     }
 
     /// Ready endpoints without their pod over the services `in_scope` accepts.

@@ -5,8 +5,10 @@
 // most 100 endpoints (targetRef, conditions, the service's labels and kubernetes.io/service-name),
 // then flips pods between Ready and CrashLoopBackOff at --rate writes a second, about --ready-share
 // of them Ready at any moment, each slice following its pods. Beside it, --calm-services exported
-// services of 3 pods roll one pod now and then. It prints one JSON line when the objects exist
-// ("phase":"ready"), one a second while it churns, and one when it is done.
+// services of 3 pods roll one pod now and then, each roll's slice stamped with the time it was
+// written (annotation e2e.floodgate.dev/changed-at-ms). It prints one JSON line when the objects
+// exist ("phase":"ready"), one a second while it churns, and one when it is done (with every
+// roll's stamp, "calmStamps").
 package main
 
 import (
@@ -103,7 +105,7 @@ func main() {
 		fail("churn: %v", err)
 	}
 	d.print(map[string]any{"phase": "done", "writes": d.writes.Load(), "flips": d.flips.Load(),
-		"rolls": d.rolls.Load(), "errors": d.errors.Load()})
+		"rolls": d.rolls.Load(), "errors": d.errors.Load(), "calmStamps": d.calmStamps()})
 }
 
 // driver is the remote cluster's controllers.
@@ -118,6 +120,15 @@ type driver struct {
 	flips  atomic.Uint64
 	rolls  atomic.Uint64
 	errors atomic.Uint64
+	// The stamp of every completed calm roll (wall-clock ms), in order.
+	stampsMu sync.Mutex
+	stamps   []int64
+}
+
+func (d *driver) calmStamps() []int64 {
+	d.stampsMu.Lock()
+	defer d.stampsMu.Unlock()
+	return append([]int64{}, d.stamps...)
 }
 
 func (d *driver) print(v any) {
@@ -254,10 +265,14 @@ func (d *driver) rollCalm(ctx context.Context) {
 		}
 		s := d.calm[n%len(d.calm)]
 		// A roll begun is finished: the deadline never leaves a slice naming a deleted pod.
-		if err := d.roll(context.WithoutCancel(ctx), s); err != nil {
+		stamp, err := d.roll(context.WithoutCancel(ctx), s)
+		if err != nil {
 			d.failed(ctx, "calm roll", err)
 			continue
 		}
+		d.stampsMu.Lock()
+		d.stamps = append(d.stamps, stamp)
+		d.stampsMu.Unlock()
 		d.rolls.Add(1)
 	}
 }

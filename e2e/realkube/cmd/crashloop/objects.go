@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +25,11 @@ const sliceSize = 100
 // exported is the label Linkerd's service mirror selects services by.
 var exported = map[string]string{"mirror.linkerd.io/exported": "true"}
 
+// stampAnnotation holds, on a calm service's slices, the wall-clock time in ms of the roll that
+// last rewrote them, so an observer can tell how long the change took to reach it (kube-sim's
+// scenarios stamp their calm changes with the same annotation).
+const stampAnnotation = "e2e.floodgate.dev/changed-at-ms"
+
 // service is one service with its pods, as the remote's controllers would keep it.
 type service struct {
 	ns, name string
@@ -33,6 +40,8 @@ type service struct {
 	rs       *appsv1.ReplicaSet
 	pods     []*pod
 	nextName int
+	// The stamp its slices carry (0: none yet).
+	stampMs int64
 }
 
 type pod struct {
@@ -234,7 +243,11 @@ func (d *driver) writeSlice(ctx context.Context, s *service, i int) error {
 	_, err := api.Create(ctx, slice, metav1.CreateOptions{})
 	d.writes.Add(1)
 	if apierrors.IsAlreadyExists(err) {
-		body, merr := json.Marshal(map[string]any{"endpoints": slice.Endpoints, "metadata": map[string]any{"labels": slice.Labels}})
+		meta := map[string]any{"labels": slice.Labels}
+		if slice.Annotations != nil {
+			meta["annotations"] = slice.Annotations
+		}
+		body, merr := json.Marshal(map[string]any{"endpoints": slice.Endpoints, "metadata": meta})
 		if merr != nil {
 			return merr
 		}
@@ -256,17 +269,21 @@ func (d *driver) slice(s *service, i int) *discoveryv1.EndpointSlice {
 	}
 	name, proto, port := "http", corev1.ProtocolTCP, int32(8080)
 	controller := true
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var annotations map[string]string
+	if s.stampMs != 0 {
+		annotations = map[string]string{stampAnnotation: strconv.FormatInt(s.stampMs, 10)}
+	}
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: fmt.Sprintf("%s-%03d", s.name, i), Namespace: s.ns, Labels: labels,
+			Name: fmt.Sprintf("%s-%03d", s.name, i), Namespace: s.ns, Labels: labels, Annotations: annotations,
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: s.name, UID: s.uid, Controller: &controller}},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	end := min((i+1)*sliceSize, len(s.pods))
 	for _, p := range s.pods[i*sliceSize : end] {
 		ready, serving, terminating := p.ready, p.ready, false
@@ -282,27 +299,30 @@ func (d *driver) slice(s *service, i int) *discoveryv1.EndpointSlice {
 }
 
 // roll replaces s's oldest pod: a new one is created and made Ready, the slice names it instead,
-// then the old one is deleted (the order a rolling update's controllers keep).
-func (d *driver) roll(ctx context.Context, s *service) error {
+// then the old one is deleted (the order a rolling update's controllers keep). The slice is
+// stamped with the time of its write, which roll returns.
+func (d *driver) roll(ctx context.Context, s *service) (int64, error) {
 	s.mu.Lock()
 	old := s.pods[0]
 	fresh := s.newPod()
 	s.mu.Unlock()
 	if err := d.createPod(ctx, s, fresh); err != nil {
-		return err
+		return 0, err
 	}
+	stamp := time.Now().UnixMilli()
 	s.mu.Lock()
 	s.pods = append(s.pods[1:], fresh)
+	s.stampMs = stamp
 	s.mu.Unlock()
 	if err := d.writeAllSlices(ctx, s); err != nil {
-		return err
+		return 0, err
 	}
 	err := d.client.CoreV1().Pods(s.ns).Delete(ctx, old.name, metav1.DeleteOptions{})
 	d.writes.Add(1)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("pod %s/%s: %w", s.ns, old.name, err)
+		return 0, fmt.Errorf("pod %s/%s: %w", s.ns, old.name, err)
 	}
-	return nil
+	return stamp, nil
 }
 
 // parallel runs f(0..n) on d.o.workers goroutines; the first error wins.

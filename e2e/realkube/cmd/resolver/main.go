@@ -3,7 +3,9 @@
 // metadata-only for ReplicaSets, protobuf (as client-go's typed clients ask) or JSON, streaming
 // lists on or off. Every --interval it prints one JSON line: whether its caches synced and how long
 // that took, events by kind, watch errors, and the ready endpoints whose pod its pod cache lacks
-// (an endpoint Linkerd's destination would drop), in total and per service.
+// (an endpoint Linkerd's destination would drop), in total and per service; and, for every
+// EndpointSlice change stamped with the writer's wall-clock time (annotation
+// e2e.floodgate.dev/changed-at-ms), the stamp and the moment its handler first saw it.
 package main
 
 import (
@@ -14,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -51,7 +54,12 @@ type report struct {
 	ReadyWithoutPodByService map[string]int `json:"readyWithoutPodByService"`
 	// Ready endpoints per service (namespace/name).
 	ReadyByService map[string]int `json:"readyByService"`
+	// Each stamped slice change seen: [stamp, seen], wall-clock ms, in the order seen.
+	Stamped [][2]int64 `json:"stamped"`
 }
+
+// stampAnnotation is the annotation the crash-loop driver stamps a calm roll's slices with.
+const stampAnnotation = "e2e.floodgate.dev/changed-at-ms"
 
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API to watch (required)")
@@ -115,6 +123,9 @@ func main() {
 			fail("informer %s: %v", kind, err)
 		}
 	}
+	if err := r.watchStamps(slices); err != nil {
+		fail("informer endpointslices: %v", err)
+	}
 
 	start := time.Now()
 	factory.Start(ctx.Done())
@@ -154,10 +165,43 @@ type resolver struct {
 	events      map[string]uint64
 	watchErrors atomic.Uint64
 	syncMs      atomic.Int64
+	// The last stamp seen on each slice (namespace/name), and every new one with its arrival.
+	stamps  map[string]string
+	stamped [][2]int64
 }
 
 func newResolver() *resolver {
-	return &resolver{events: map[string]uint64{}}
+	return &resolver{events: map[string]uint64{}, stamps: map[string]string{}}
+}
+
+// watchStamps records the arrival of each new stamp on a slice.
+func (r *resolver) watchStamps(slices cache.SharedIndexInformer) error {
+	seen := func(obj any) {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return
+		}
+		stamp, ok := s.Annotations[stampAnnotation]
+		if !ok {
+			return
+		}
+		at := time.Now().UnixMilli()
+		key := s.Namespace + "/" + s.Name
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.stamps[key] == stamp {
+			return
+		}
+		r.stamps[key] = stamp
+		if ms, err := strconv.ParseInt(stamp, 10, 64); err == nil {
+			r.stamped = append(r.stamped, [2]int64{ms, at})
+		}
+	}
+	_, err := slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, obj any) { seen(obj) },
+	})
+	return err
 }
 
 // watch counts kind's events and its reflector's watch errors.
@@ -197,6 +241,7 @@ func (r *resolver) report(start time.Time, all map[string]cache.SharedIndexInfor
 	for k, v := range r.events {
 		rep.Events[k] = v
 	}
+	rep.Stamped = append([][2]int64{}, r.stamped...)
 	r.mu.Unlock()
 	kinds := make([]string, 0, len(all))
 	for k := range all {

@@ -3,9 +3,8 @@
 
 use floodgate_e2e::cold::{ColdOutcome, ColdPlan};
 use floodgate_e2e::flood::{Outcome, percentile};
+use floodgate_e2e::report::{Figure, S1, mib};
 use floodgate_e2e::resolve::Resolved;
-
-use crate::report::{Figure, mib};
 
 /// The resolver consumer's figure: ready endpoints served without their pod for more than
 /// 2 s (a destination drops them), for the calm services and for the flooder, and what the
@@ -182,55 +181,17 @@ pub fn cold_wide_figures(plan: &ColdPlan, o: &ColdOutcome, out: &mut Vec<Figure>
 }
 
 pub fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
-    let ratio = o.direct_events as f64 / o.via_events.max(1) as f64;
-    out.push(Figure {
-        what: format!("S1 {name}: downstream events, direct / through Floodgate"),
-        direct: o.direct_events.to_string(),
-        floodgate: o.via_events.to_string(),
-        ratio: format!("{ratio:.0}x fewer"),
-        target: ">= 100x fewer".into(),
-        met: Some(ratio >= 100.0),
-    });
-    let mem = o.via_peak_kib as f64 / o.direct_peak_kib.max(1) as f64;
-    out.push(Figure {
-        what: format!("S1 {name}: consumer peak memory (VmHWM), through Floodgate / direct"),
-        direct: mib(o.direct_peak_kib),
-        floodgate: mib(o.via_peak_kib),
-        ratio: format!("{:.1}%", mem * 100.0),
-        target: "<= 10%".into(),
-        met: Some(mem <= 0.10),
-    });
-    let p99 = percentile(&o.via_staleness_ms, 0.99);
-    out.push(Figure {
-        what: format!(
-            "S1 {name}: calm service change visible downstream, p99 ({} changes{})",
-            o.via_staleness_ms.len(),
-            if o.via_missed > 0 {
-                format!(", {} never arrived", o.via_missed)
-            } else {
-                String::new()
-            }
-        ),
-        direct: format!("{} ms", percentile(&o.direct_staleness_ms, 0.99)),
-        floodgate: format!("{p99} ms"),
-        ratio: String::new(),
-        target: "p99 <= 2 s".into(),
-        met: Some(p99 <= 2000 && o.via_missed == 0 && !o.via_staleness_ms.is_empty()),
-    });
-    out.push(Figure::own(
-        format!("S1 {name}: Floodgate peak RSS"),
-        mib(o.floodgate_peak_kib),
-        "<= 128 MiB",
-        Some(o.floodgate_peak_kib <= 128 * 1024),
-    ));
-    out.push(Figure {
-        what: format!("S1 {name}: calm service change visible downstream, p50"),
-        direct: format!("{} ms", percentile(&o.direct_staleness_ms, 0.5)),
-        floodgate: format!("{} ms", percentile(&o.via_staleness_ms, 0.5)),
-        ratio: String::new(),
-        target: "(reported)".into(),
-        met: None,
-    });
+    let s1 = S1 {
+        direct_events: o.direct_events,
+        via_events: o.via_events,
+        direct_peak_kib: o.direct_peak_kib,
+        via_peak_kib: o.via_peak_kib,
+        floodgate_peak_kib: o.floodgate_peak_kib,
+        direct_staleness_ms: o.direct_staleness_ms.clone(),
+        via_staleness_ms: o.via_staleness_ms.clone(),
+        via_missed: o.via_missed,
+    };
+    floodgate_e2e::report::s1_figures(name, &s1, out);
     resolved_figure(
         format!("S1 {name}: ready endpoints without their pod for > 2 s, through Floodgate"),
         &o.resolved,

@@ -33,8 +33,9 @@ use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 use crate::figures::{
     calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, s1_figures,
 };
-use crate::report::{Figure, engine_figures, facade_figures, machine, markdown};
+use crate::report::{engine_figures, facade_figures, markdown};
 use floodgate_e2e::herd;
+use floodgate_e2e::report::{Figure, machine};
 use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use serde_json::json;
 

@@ -1,9 +1,11 @@
 //! The report: one row per figure with its target (`report.json`, `report.md`), the machine it
-//! ran on, and the rows read from criterion's and the facade benchmark's own output.
+//! ran on, and the rows read from criterion's and the facade benchmark's own output. The rows
+//! and the table are [`floodgate_e2e::report`]'s, which the real-server lane prints too.
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use floodgate_e2e::report::{Figure, machine_line, table};
+use serde_json::Value;
 
 /// Criterion's mean estimate for `group/function`, in ns per iteration, with its interval.
 fn criterion_ns(target: &Path, id: &str) -> Option<(f64, f64, f64)> {
@@ -15,66 +17,6 @@ fn criterion_ns(target: &Path, id: &str) -> Option<(f64, f64, f64)> {
         m["confidence_interval"]["lower_bound"].as_f64()?,
         m["confidence_interval"]["upper_bound"].as_f64()?,
     ))
-}
-
-pub fn machine() -> Value {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpuinfo = read("/proc/cpuinfo");
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
-        .unwrap_or_default();
-    let mem_kib: u64 = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_default();
-    json!({
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "cpu": model,
-        "memory_gib": (mem_kib as f64 / 1024.0 / 1024.0 * 10.0).round() / 10.0,
-        "kernel": read("/proc/sys/kernel/osrelease").trim(),
-        "date": jiff::Timestamp::now().to_string(),
-    })
-}
-
-/// One row of the report.
-pub struct Figure {
-    pub what: String,
-    pub direct: String,
-    pub floodgate: String,
-    pub ratio: String,
-    pub target: String,
-    pub met: Option<bool>,
-}
-
-impl Figure {
-    /// A row of Floodgate's own figure, with no direct side and no ratio.
-    pub fn own(
-        what: impl Into<String>,
-        floodgate: String,
-        target: &str,
-        met: Option<bool>,
-    ) -> Self {
-        Self {
-            what: what.into(),
-            direct: String::new(),
-            floodgate,
-            ratio: String::new(),
-            target: target.into(),
-            met,
-        }
-    }
-
-    pub fn json(&self) -> Value {
-        json!({"what": self.what, "direct": self.direct, "floodgate": self.floodgate,
-               "ratio": self.ratio, "target": self.target, "met": self.met})
-    }
-}
-
-pub fn mib(kib: u64) -> String {
-    format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
 pub fn engine_figures(target: &Path, out: &mut Vec<Figure>) {
@@ -196,27 +138,9 @@ pub fn facade_figures(target: &Path, out: &mut Vec<Figure>) {
 
 pub fn markdown(machine: &Value, figures: &[Figure]) -> String {
     let mut md = String::from("# Floodgate benchmark report\n\n");
-    md.push_str(&format!(
-        "Machine: {} cores ({}), {} GiB, Linux {}; run {}.\n\n",
-        machine["cores"],
-        machine["cpu"].as_str().unwrap_or("unknown CPU"),
-        machine["memory_gib"],
-        machine["kernel"].as_str().unwrap_or(""),
-        machine["date"].as_str().unwrap_or("")
-    ));
-    md.push_str("| figure | direct | through Floodgate | ratio | target | met |\n");
-    md.push_str("| --- | --- | --- | --- | --- | --- |\n");
-    for f in figures {
-        let met = match f.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "",
-        };
-        md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {met} |\n",
-            f.what, f.direct, f.floodgate, f.ratio, f.target
-        ));
-    }
+    md.push_str(&machine_line(machine));
+    md.push_str("\n\n");
+    md.push_str(&table(figures));
     md.push_str("\nReproduce with `make bench`.\n");
     md
 }
@@ -224,6 +148,7 @@ pub fn markdown(machine: &Value, figures: &[Figure]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// The facade rows read what the facade benchmark writes (`e2e/benches/facade.rs`): a
     /// change of its shape that this reader misses shows as NaN in the report.
