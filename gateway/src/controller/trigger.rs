@@ -80,7 +80,7 @@ pub fn start(
     let noted = secrets_error.clone();
     let secret_changes = reflector(secrets_writer, watcher(secrets, watcher::Config::default()))
         .inspect_err(move |e| {
-            *noted.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+            *noted.lock().unwrap_or_else(|e| e.into_inner()) = Some(why(e));
         })
         .default_backoff()
         .touched_objects();
@@ -102,6 +102,19 @@ pub fn start(
         .run(reconcile_link, error_policy, ctx);
     let task = tokio::spawn(log_errors(run));
     (links_cache, found_rx, task)
+}
+
+/// Why the Secrets' watch failed, in the API server's words where it answered (its Status
+/// message and code) rather than the client's whole error.
+fn why(e: &watcher::Error) -> String {
+    let status = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+        | watcher::Error::WatchError(s) => s,
+        other => return other.to_string(),
+    };
+    format!("{} (HTTP {})", status.message, status.code)
 }
 
 /// The Links that name Secret `secret` (their credentials or their consumers' token).
@@ -179,4 +192,28 @@ async fn log_errors<T, Q: std::error::Error + 'static>(
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused list reads as the API server said it, not as the client's debug dump.
+    #[test]
+    fn a_refused_list_is_told_in_the_servers_words() {
+        let status = kube::core::Status {
+            code: 403,
+            message: "secrets is forbidden: User \"system:serviceaccount:floodgate:floodgate\" cannot list resource \"secrets\"".into(),
+            ..Default::default()
+        };
+        let e = watcher::Error::InitialListFailed(kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            why(&e),
+            "secrets is forbidden: User \"system:serviceaccount:floodgate:floodgate\" cannot list resource \"secrets\" (HTTP 403)"
+        );
+        assert_eq!(
+            why(&watcher::Error::NoResourceVersion),
+            watcher::Error::NoResourceVersion.to_string()
+        );
+    }
 }
