@@ -2,8 +2,8 @@
 //!
 //! Every field but `remote` has a default, applied both by serde (standalone YAML files) and by
 //! the API server (the defaults are part of the CRD's schema). The doc comments here are the
-//! configuration reference: they become the CRD's field descriptions, and the README's table is
-//! checked against them.
+//! configuration reference: they become the CRD's field descriptions, and the table in
+//! docs/configuration.md is checked against them.
 
 use std::collections::BTreeMap;
 

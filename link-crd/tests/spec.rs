@@ -507,9 +507,9 @@ fn the_committed_crd_is_current() {
     );
 }
 
-/// The README's configuration table is the CRD's field descriptions, word for word.
+/// docs/configuration.md's field table is the CRD's field descriptions, word for word.
 #[test]
-fn the_readme_configuration_reference_matches_the_doc_comments() {
+fn the_configuration_reference_matches_the_doc_comments() {
     fn walk(node: &serde_json::Value, path: String, out: &mut Vec<(String, String)>) {
         let leaf = ["services", "perLink", "perService"]
             .iter()
@@ -533,13 +533,16 @@ fn the_readme_configuration_reference_matches_the_doc_comments() {
         "spec".into(),
         &mut fields,
     );
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let reference = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/configuration.md"
+    ))
+    .expect("docs/configuration.md");
     for (path, description) in &fields {
         let row = format!("| `{path}` | {description} |");
         assert!(
-            readme.contains(&row),
-            "README.md lacks or misstates:\n{row}"
+            reference.contains(&row),
+            "docs/configuration.md lacks or misstates:\n{row}"
         );
     }
     assert!(
