@@ -59,7 +59,7 @@ prereqs-lane:
 ## test-real: the real-server lane: Floodgate in front of a real kube-apiserver and etcd (drop-in
 ## with kubectl, the Python client and client-go, S1 at 10,000 pods, the outage, cluster mode
 ## under RBAC). Needs Go and the Go module proxy; the first build takes about 12 minutes
-## (README, "The real-server lane").
+## (docs/development.md, "The real-server lane").
 test-real: prereqs-lane realkube $(PY_VENV)/bin/python
 	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --run-ignored only --no-fail-fast \

@@ -60,7 +60,7 @@ pub fn free_addr() -> SocketAddr {
 }
 
 /// Preloads [`PRELOAD_ENV`]'s library into `c` (heaptrack for Floodgate alone, not for the
-/// harness around it: the README's "Profiling memory"). Each child gets its own heaptrack
+/// harness around it: docs/development.md's "Profiling memory"). Each child gets its own heaptrack
 /// output, numbered in start order, so a run of several keeps them all.
 pub(crate) fn preload(c: &mut Command) {
     if let Some(preload) = std::env::var_os(PRELOAD_ENV) {

@@ -1,6 +1,6 @@
 //! The rows side-by-side runs report, each figure beside the design's target: `make bench`'s
 //! report (`src/bin/scenarios/`) and the real-server lane's S1 (`tests/real/s1.rs`) print them
-//! with the same code, so the README can set one beside the other.
+//! with the same code, so docs/figures.md can set one beside the other.
 
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@ use clap::Parser;
 use floodgate::cli::{self, Cli, Command, LogFormat};
 
 /// jemalloc, with background threads that give freed pages back while the gateway idles: with
-/// glibc's malloc a link serving 100,000 pods held 1.3-1.4x its live heap (see the README's
+/// glibc's malloc a link serving 100,000 pods held 1.3-1.4x its live heap (see docs/figures.md's
 /// memory figures).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

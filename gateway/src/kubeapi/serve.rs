@@ -33,7 +33,7 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 
 /// Connections the facade keeps open at most by default. An idle TLS connection costs about
-/// 40 KiB here (README, measured figures), so 10,000 of them stay near 400 MiB; a link's
+/// 40 KiB here (docs/figures.md), so 10,000 of them stay near 400 MiB; a link's
 /// consumers need a handful of connections each.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 

@@ -5,7 +5,7 @@
 //! the JSON of these fields, beside its name and its ReplicaSet owners.
 //!
 //! What is kept, from what Linkerd's destination controller (endpoint translation, workload
-//! and opaque-ports lookups, identity) and the facade's own views read (README, "What
+//! and opaque-ports lookups, identity) and the facade's own views read (docs/internals.md, "What
 //! Floodgate keeps of a pod", says the same for operators):
 //! - `metadata`: name, namespace, uid, resourceVersion, creationTimestamp, deletionTimestamp,
 //!   labels, annotations (opaque ports, proxy settings), ownerReferences (the workload);
