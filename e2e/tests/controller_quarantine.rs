@@ -396,3 +396,109 @@ async fn a_service_already_over_its_threshold_is_contained_once_the_lease_is_tak
     eprintln!("contained {:?} after b held the Lease", held.elapsed());
     b.stop().await;
 }
+
+/// `floodgate status` in a cluster: a link with a contained service and a quarantined link
+/// are both in its table, from the Links' status and from a replica's admin API; `--wait`
+/// fails while they stand and succeeds once both are released.
+#[tokio::test]
+async fn floodgate_status_shows_containment_and_quarantine_and_waits_for_their_release() {
+    use floodgate::cli::status::{Output, Source, StatusArgs, status};
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, mut cluster) = remote(&["web", "injector"]).await;
+    cluster.scale("injector", 12, true);
+    let mut east = mk_link("east");
+    east.spec.caps.max_endpoints_per_service = 5;
+    east.spec.quarantine.when.endpoints_per_service = 8;
+    add_link(&local, "east", &sim, east).await;
+    add_link(&local, "west", &sim, mk_link("west")).await;
+    let a = Replica::start(&local, "replica-a").await;
+    until(30, "east contains the injector", async || {
+        contained_on(a.admin).await == ["prod/injector"]
+    })
+    .await;
+    let (code, v) = floodgate_e2e::admin::post(
+        a.admin,
+        "/links/west/quarantine",
+        ADMIN_TOKEN,
+        r#"{"message": "ticket 9"}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+
+    let links = Source::Cluster(Api::namespaced(local.client(NS).expect("client"), NS));
+    let args = |wait: bool, timeout: &str, output: Output| StatusArgs {
+        admin: None,
+        namespace: NS.into(),
+        wait,
+        timeout: timeout.parse().expect("a duration"),
+        output,
+    };
+    let mut shown = String::new();
+    until(30, "the table shows both", async || {
+        shown = status(&links, &args(false, "1s", Output::Table))
+            .await
+            .expect("status")
+            .text;
+        let line = |name: &str| {
+            shown
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (east, west) = (line("east "), line("west "));
+        east.contains("1 (prod/injector)")
+            && east.contains("replica-a")
+            && west.contains("Quarantined")
+            && west.contains("Manual since")
+            && west.contains("ticket 9")
+    })
+    .await;
+    println!("{shown}");
+    let waited = status(&links, &args(true, "2s", Output::Table))
+        .await
+        .expect("status");
+    assert!(!waited.ok, "{}", waited.text);
+    assert!(
+        waited
+            .text
+            .contains("2 of 2 links not well (east Healthy, west Quarantined)"),
+        "{}",
+        waited.text
+    );
+
+    // The same from the admin API, which knows watchers and objects too.
+    let admin = kube::Client::try_from(kube::Config::new(
+        format!("http://{}", a.admin).parse().expect("URL"),
+    ))
+    .expect("client");
+    let rows = Source::Admin(admin).rows().await.expect("rows");
+    let row = |name: &str| rows.iter().find(|r| r.name == name).expect("a row");
+    assert_eq!(row("east").contained_first, ["prod/injector"]);
+    assert_eq!(row("west").phase, "Quarantined");
+    assert!(row("east").watchers.is_some() && row("east").objects.is_some());
+
+    // Released: the flood ends and the operator releases the service and the link.
+    cluster.scale("injector", 3, true);
+    for path in [
+        "/links/east/services/prod/injector/release",
+        "/links/west/release",
+    ] {
+        let (code, v) = floodgate_e2e::admin::post(a.admin, path, ADMIN_TOKEN, "").await;
+        assert_eq!(code, 200, "{path}: {v}");
+    }
+    let waited = status(&links, &args(true, "30s", Output::Json))
+        .await
+        .expect("status");
+    assert!(waited.ok, "{}", waited.text);
+    let rows: serde_json::Value = serde_json::from_str(&waited.text).expect("JSON");
+    assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
+    assert!(
+        rows.as_array()
+            .into_iter()
+            .flatten()
+            .all(|r| r["phase"] == "Healthy" && r["contained"] == 0),
+        "{rows}"
+    );
+    a.stop().await;
+}

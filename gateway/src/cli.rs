@@ -2,6 +2,8 @@
 //! variable. Each command is a function from its arguments to text or a typed error, so tests
 //! call them without spawning the binary.
 
+pub mod status;
+
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -49,6 +51,10 @@ pub enum Command {
     Release(crate::command::ReleaseArgs),
     /// Quarantine a link in a cluster until an operator releases it, as `release` does.
     Quarantine(crate::command::QuarantineArgs),
+    /// Every link in one table: phase, services, contained services, Lease holder, quarantine
+    /// (a cluster's Links, or a standalone Floodgate's admin API with --admin); --wait gates
+    /// a rollout on every link being well.
+    Status(status::StatusArgs),
 }
 
 /// `floodgate run`.

@@ -77,6 +77,31 @@ fn send_command(
     })
 }
 
+/// `floodgate status`: the table on stdout; exit 1 when `--wait` timed out (the table says
+/// which links are not well), 2 when the links cannot be read.
+fn status(args: &floodgate::cli::status::StatusArgs) -> ExitCode {
+    use floodgate::cli::status;
+    let report = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| {
+            rt.block_on(async { status::status(&status::Source::of(args).await?, args).await })
+        });
+    match report {
+        Ok(r) => {
+            print!("{}", r.text);
+            if r.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// What is logged unless `FLOODGATE_LOG` says otherwise: INFO and above, but not kube-client's
 /// lines per failed request and per broken watch (an ERROR and WARNs each time a watcher
 /// retries a remote that is down): the link logs an outage itself, once when it begins, once
@@ -112,6 +137,7 @@ fn main() -> ExitCode {
             .order()
             .map_err(anyhow::Error::from)
             .and_then(|o| send_command(&args.link, &o, &args.send)),
+        Command::Status(args) => return status(args),
     };
     match out {
         Ok(text) => {
