@@ -127,6 +127,7 @@ impl Replica {
             identity: identity.into(),
             peers: peer.map(|p| p.facade.to_string()),
             peer_server_name: "localhost".into(),
+            advertise_address: Some(addr.to_string()),
         };
         let (stop, shutdown) = watch::channel(false);
         let client = local.client_as(NS, SERVICE_ACCOUNT).expect("client");

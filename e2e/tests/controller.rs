@@ -182,6 +182,7 @@ async fn losing_the_lease_stops_writing() {
     tokio::spawn(lease::run(
         leases.clone(),
         "replica-a".into(),
+        None,
         fast().lease,
         wanted,
         held_tx,
@@ -414,6 +415,78 @@ async fn a_draining_holder_hands_its_links_over_at_once() {
                 .await
                 .is_some_and(|s| s.lease_holder.as_deref() == Some("replica-b"))
     })
+    .await;
+    b.stop().await;
+}
+
+/// One upstream watch per resource per link however many replicas run: a second replica
+/// follows the Lease holder's facade, not the remote, so the remote's open watches do not grow
+/// and a change on the remote reaches the second replica's consumers through the holder. When
+/// the holder drains, the follower takes the Lease and watches the remote itself, and a change
+/// made after the handover reaches its consumers.
+#[tokio::test]
+async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, mut cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let a = Replica::start(&local, "replica-a").await;
+    let on_a = a.consumer("east", &token("east")).await;
+    until(30, "a holds east and serves it", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+            && service_names(&on_a).await == Some(["web"].map(String::from).into())
+    })
+    .await;
+    let alone = sim.api.open_watches();
+    assert!(alone > 0, "a watches the remote");
+    let watchers_on_a = async || {
+        floodgate_e2e::admin::link(a.admin, "east")
+            .await
+            .and_then(|l| l["counters"]["watchers"].as_u64())
+            .unwrap_or(0)
+    };
+    let consumers_of_a = watchers_on_a().await;
+
+    let b = Replica::start_beside(&local, "replica-b", &a).await;
+    let on_b = b.consumer("east", &token("east")).await;
+    until(30, "b serves east, following a's facade", async || {
+        service_names(&on_b).await == Some(["web"].map(String::from).into())
+            && watchers_on_a().await > consumers_of_a
+    })
+    .await;
+    assert_eq!(
+        sim.api.open_watches(),
+        alone,
+        "the remote's watches once a second replica serves the link"
+    );
+    cluster.add_service("api", true);
+    cluster.scale("api", 2, true);
+    until(
+        30,
+        "a change on the remote reaches b's consumers",
+        async || service_names(&on_b).await == Some(["api", "web"].map(String::from).into()),
+    )
+    .await;
+    assert_eq!(sim.api.open_watches(), alone);
+
+    // The holder drains: b takes the Lease and reads the remote itself.
+    a.stop().await;
+    until(15, "b holds east", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-b")
+    })
+    .await;
+    until(15, "b watches the remote (a is gone)", async || {
+        sim.api.open_watches() == alone
+    })
+    .await;
+    cluster.add_service("billing", true);
+    cluster.scale("billing", 2, true);
+    until(
+        30,
+        "a change after the handover reaches b's consumers",
+        async || {
+            service_names(&on_b).await == Some(["api", "billing", "web"].map(String::from).into())
+        },
+    )
     .await;
     b.stop().await;
 }

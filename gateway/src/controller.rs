@@ -84,6 +84,13 @@ pub struct ControllerArgs {
     /// `localhost`; peers are reached by address).
     #[arg(long, env = "FLOODGATE_PEER_SERVER_NAME", default_value = "localhost")]
     pub peer_server_name: String,
+    /// `host:port` where the other replicas reach this replica's facade (the pod's IP and the
+    /// facade's port). Written on the Leases it holds, so the replicas that do not hold a link
+    /// follow this one's view of it instead of watching its remote: one upstream watch per
+    /// resource per link however many replicas run. Without it (or without `--peers`) every
+    /// replica watches every remote.
+    #[arg(long, env = "FLOODGATE_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
 }
 
 /// The tasks the controller cannot serve without, watched from its loop. A panic in one (or
@@ -211,6 +218,7 @@ pub async fn serve(
     let lease_task = tokio::spawn(lease::run(
         leases,
         args.identity.clone(),
+        args.advertise_address.clone(),
         timing.lease,
         wanted,
         held_tx,
@@ -320,6 +328,10 @@ fn mode_json(args: &ControllerArgs) -> serde_json::Map<String, serde_json::Value
     );
     mode.insert("identity".into(), args.identity.clone().into());
     mode.insert("peers".into(), args.peers.clone().into());
+    mode.insert(
+        "advertiseAddress".into(),
+        args.advertise_address.clone().into(),
+    );
     mode
 }
 
@@ -403,6 +415,7 @@ impl Tick<'_> {
             follow_containment(link, r, state, holder);
             record_containment(self.recorder, link, r, holder);
         }
+        runs.follow_upstream(&name, holder);
         if deferred {
             // The recorded quarantine is still to be followed: writing this link's state
             // now would erase it from status.

@@ -47,6 +47,23 @@ pub fn consumer_kubeconfig(server: &str, token: &str, ca_pem: Option<&str>, name
     )
 }
 
+/// The kubeconfig a replica follows another replica's facade with: [`consumer_kubeconfig`]
+/// whose certificate is checked against `server_name` (the replicas share one certificate and
+/// reach each other by address).
+pub fn peer_kubeconfig(
+    server: &str,
+    token: &str,
+    ca_pem: &str,
+    server_name: &str,
+    name: &str,
+) -> String {
+    consumer_kubeconfig(server, token, Some(ca_pem), name).replacen(
+        &format!("    server: {server}\n"),
+        &format!("    server: {server}\n    tls-server-name: {server_name}\n"),
+        1,
+    )
+}
+
 /// A link's token: read from the state directory, or created there (readable by its owner only).
 pub fn link_token(state_dir: &Path, link: &str) -> anyhow::Result<String> {
     let dir = state_dir.join("tokens");

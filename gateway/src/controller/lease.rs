@@ -79,11 +79,17 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: jiff::Timestamp) ->
     }
 }
 
-/// Tries once to hold `link`'s Lease. `Ok(true)`: held until `now + duration`.
+/// The annotation on a link's Lease where its holder says where its facade is: the other
+/// replicas watch the link there instead of its remote.
+pub const FACADE_ANNOTATION: &str = "floodgate.dev/facade";
+
+/// Tries once to hold `link`'s Lease, saying where this replica's facade is (`facade`).
+/// `Ok(true)`: held until `now + duration`.
 pub async fn try_hold(
     api: &Api<Lease>,
     link: &str,
     identity: &str,
+    facade: Option<&str>,
     timing: LeaseTiming,
 ) -> Result<bool, kube::Error> {
     let name = lease_name(link);
@@ -101,6 +107,8 @@ pub async fn try_hold(
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
+                    annotations: facade
+                        .map(|f| [(FACADE_ANNOTATION.to_owned(), f.to_owned())].into()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
@@ -123,6 +131,14 @@ pub async fn try_hold(
             }
             spec.renew_time = Some(MicroTime(now));
             spec.lease_duration_seconds = Some(duration);
+            let annotations = lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            match facade {
+                Some(f) => annotations.insert(FACADE_ANNOTATION.to_owned(), f.to_owned()),
+                None => annotations.remove(FACADE_ANNOTATION),
+            };
             // The resourceVersion read makes this a compare-and-swap: a 409 is a lost race.
             api.replace(&name, &PostParams::default(), &lease)
                 .await
@@ -166,6 +182,28 @@ pub fn holder(leases: &Store<Lease>, namespace: &str, link: &str) -> Option<Stri
     (lease.spec.as_ref()?.holder_identity.clone()).filter(|h| !h.is_empty())
 }
 
+/// Where the live holder of link `link`'s Lease serves it, as `leases` last saw it: its
+/// identity and its facade's `host:port`. `None` while nobody holds the Lease, its claim has
+/// lapsed, or its holder says no address.
+pub fn holder_facade(
+    leases: &Store<Lease>,
+    namespace: &str,
+    link: &str,
+) -> Option<(String, String)> {
+    let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(namespace))?;
+    let holder = holder(leases, namespace, link)?;
+    // Judged as a replica that wants it would: a claim that lapsed is nobody's.
+    if decide(lease.spec.as_ref(), "", jiff::Timestamp::now()) != Decision::Leave {
+        return None;
+    }
+    let facade = lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(FACADE_ANNOTATION)?;
+    Some((holder, facade.clone()))
+}
+
 /// Yields whenever a link's Lease has no holder (given back by a replica that drains, or new):
 /// the replicas that want it try at once rather than at their next renewal. The Leases seen
 /// are kept in `seen`'s store, where the admin API reads who holds each.
@@ -198,6 +236,7 @@ fn freed(api: Api<Lease>, seen: Writer<Lease>) -> impl futures_util::Stream<Item
 pub async fn run(
     api: Api<Lease>,
     identity: String,
+    facade: Option<String>,
     timing: LeaseTiming,
     mut links: watch::Receiver<BTreeSet<String>>,
     held: watch::Sender<BTreeSet<String>>,
@@ -225,7 +264,7 @@ pub async fn run(
         });
         for link in &wanted {
             let started = tokio::time::Instant::now();
-            let ok = match try_hold(&api, link, &identity, timing).await {
+            let ok = match try_hold(&api, link, &identity, facade.as_deref(), timing).await {
                 Ok(ok) => ok,
                 Err(e) => {
                     tracing::warn!(%link, error = %e, "cannot renew the link's lease");

@@ -18,9 +18,37 @@ use crate::credentials::{self, RemoteKubeconfig};
 use crate::link::{self, LinkHandle};
 use crate::registry::Registry;
 
+/// Where a running link reads its remote's objects from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Upstream {
+    /// The remote's API server: this replica holds the link's Lease, or nobody does.
+    Remote,
+    /// The facade of the replica holding the link's Lease (`host:port`): the remote keeps one
+    /// watch per resource per link however many replicas serve it.
+    Holder {
+        /// The holder's identity.
+        identity: String,
+        /// Its facade.
+        facade: String,
+    },
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Remote => f.write_str("the remote"),
+            Self::Holder { identity, facade } => {
+                write!(f, "the facade of Lease holder {identity} at {facade}")
+            }
+        }
+    }
+}
+
 /// A running link and what it was started from.
 pub(super) struct Running {
     pub(super) desired: DesiredLink,
+    /// Where its upstream reads from now.
+    pub(super) upstream: Upstream,
     pub(super) handle: Arc<LinkHandle>,
     pub(super) stop: watch::Sender<bool>,
     /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
@@ -163,18 +191,46 @@ impl Runs {
         let Some(r) = self.running.get_mut(&d.name) else {
             return;
         };
-        let connect = credentials::connect(
-            RemoteKubeconfig::Yaml(d.kubeconfig.clone()),
-            d.spec.remote.context.clone(),
-        );
-        let handle = r.handle.clone();
-        tracing::info!(link = %d.name, "new credentials: reconnecting the upstream");
         r.desired = d;
-        tokio::spawn(async move {
-            if let Err(e) = handle.reconnect(connect).await {
-                tracing::warn!(error = %e, "cannot reconnect the link");
-            }
-        });
+        // New credentials matter to a link that reads its remote; one that follows the holder
+        // uses them once it reads the remote again.
+        if r.upstream == Upstream::Remote {
+            tracing::info!(link = %r.desired.name, "new credentials: reconnecting the upstream");
+            let connect = connect(&self.shared, &r.desired, &Upstream::Remote);
+            spawn_reconnect(r.handle.clone(), connect);
+        }
+    }
+
+    /// Where link `name` should read from, if that is known: its remote when this replica
+    /// holds its Lease (`held`), the holder's facade when another live replica holds it and
+    /// says where (and the replicas share a CA to trust it by), `None` while nobody does.
+    fn upstream_for(&self, name: &str, held: bool) -> Option<Upstream> {
+        if held {
+            return Some(Upstream::Remote);
+        }
+        self.shared.peers.as_ref()?;
+        let (identity, facade) =
+            super::lease::holder_facade(&self.shared.holders, &self.shared.namespace, name)?;
+        (identity != self.shared.identity).then_some(Upstream::Holder { identity, facade })
+    }
+
+    /// Points link `name`'s upstream at its remote or at the Lease holder's facade, as the
+    /// Lease says (`held`: this replica holds it). The view is kept: the relist that follows
+    /// publishes only real differences.
+    pub(super) fn follow_upstream(&mut self, name: &str, held: bool) {
+        let Some(want) = self.upstream_for(name, held) else {
+            return;
+        };
+        let Some(r) = self.running.get_mut(name) else {
+            return;
+        };
+        if r.upstream == want {
+            return;
+        }
+        tracing::info!(link = %name, from = %r.upstream, to = %want, "the link's upstream follows the Lease");
+        let connect = connect(&self.shared, &r.desired, &want);
+        r.upstream = want;
+        spawn_reconnect(r.handle.clone(), connect);
     }
 
     /// Stops what runs for Links the cache no longer holds (a deleted Link is not reconciled);
@@ -213,10 +269,12 @@ impl Runs {
             let _ = all.wait_for(|s| *s).await;
             let _ = forward.send(true);
         });
-        let connect = credentials::connect(
-            RemoteKubeconfig::Yaml(d.kubeconfig.clone()),
-            d.spec.remote.context.clone(),
-        );
+        // A replica that starts while another holds the Lease reads that replica's facade from
+        // the start: a rollout does not list every remote again.
+        let upstream = self
+            .upstream_for(&d.name, false)
+            .unwrap_or(Upstream::Remote);
+        let connect = connect(shared, &d, &upstream);
         let handle = Arc::new(link::spawn_restored(
             &d.name,
             d.spec.clone(),
@@ -239,11 +297,12 @@ impl Runs {
         });
         self.registry
             .insert_relayed(handle.clone(), &d.token, Some(relay));
-        tracing::info!(link = %d.name, generation = ?link.meta().generation, "link started");
+        tracing::info!(link = %d.name, generation = ?link.meta().generation, %upstream, "link started");
         self.running.insert(
             d.name.clone(),
             Running {
                 desired: d,
+                upstream,
                 handle,
                 stop: stop_tx,
                 followed: None,
@@ -262,4 +321,33 @@ impl Runs {
             tracing::info!(link = %name, "link stopped");
         }
     }
+}
+
+/// How link `d` reaches `upstream`: the remote with the Link's credentials, or the holder's
+/// facade with the link's token and the CA the replicas share.
+fn connect(shared: &Shared, d: &DesiredLink, upstream: &Upstream) -> crate::link::Connect {
+    match (upstream, &shared.peers) {
+        (Upstream::Holder { facade, .. }, Some(peers)) => {
+            let kubeconfig = credentials::peer_kubeconfig(
+                &format!("https://{facade}/links/{}", d.name),
+                &d.token,
+                &peers.ca_pem,
+                &peers.server_name,
+                &d.name,
+            );
+            credentials::connect(RemoteKubeconfig::Yaml(kubeconfig), None)
+        }
+        _ => credentials::connect(
+            RemoteKubeconfig::Yaml(d.kubeconfig.clone()),
+            d.spec.remote.context.clone(),
+        ),
+    }
+}
+
+fn spawn_reconnect(handle: Arc<LinkHandle>, connect: crate::link::Connect) {
+    tokio::spawn(async move {
+        if let Err(e) = handle.reconnect(connect).await {
+            tracing::warn!(error = %e, "cannot reconnect the link");
+        }
+    });
 }
