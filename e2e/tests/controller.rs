@@ -181,8 +181,10 @@ async fn losing_the_lease_stops_writing() {
     let (_stop, shutdown) = watch::channel(false);
     tokio::spawn(lease::run(
         leases.clone(),
-        "replica-a".into(),
-        None,
+        lease::Claimant {
+            identity: "replica-a".into(),
+            facade: None,
+        },
         fast().lease,
         wanted,
         held_tx,

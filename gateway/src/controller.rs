@@ -217,8 +217,10 @@ pub async fn serve(
     // Watched below; on shutdown it gives the held Leases back, which the drain waits for.
     let lease_task = tokio::spawn(lease::run(
         leases,
-        args.identity.clone(),
-        args.advertise_address.clone(),
+        lease::Claimant {
+            identity: args.identity.clone(),
+            facade: args.advertise_address.clone(),
+        },
         timing.lease,
         wanted,
         held_tx,

@@ -83,15 +83,24 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: jiff::Timestamp) ->
 /// replicas watch the link there instead of its remote.
 pub const FACADE_ANNOTATION: &str = "floodgate.dev/facade";
 
-/// Tries once to hold `link`'s Lease, saying where this replica's facade is (`facade`).
-/// `Ok(true)`: held until `now + duration`.
+/// Who claims the Leases: this replica's identity, and where the other replicas reach its
+/// facade (written on the Leases it holds, [`FACADE_ANNOTATION`]).
+#[derive(Clone, Debug)]
+pub struct Claimant {
+    /// The holder identity (the pod's name).
+    pub identity: String,
+    /// The facade's `host:port`, if the replicas may follow this one.
+    pub facade: Option<String>,
+}
+
+/// Tries once to hold `link`'s Lease as `me`. `Ok(true)`: held until `now + duration`.
 pub async fn try_hold(
     api: &Api<Lease>,
     link: &str,
-    identity: &str,
-    facade: Option<&str>,
+    me: &Claimant,
     timing: LeaseTiming,
 ) -> Result<bool, kube::Error> {
+    let (identity, facade) = (me.identity.as_str(), me.facade.as_deref());
     let name = lease_name(link);
     let now = jiff::Timestamp::now();
     let duration = i32::try_from(timing.duration.as_secs()).unwrap_or(i32::MAX);
@@ -235,8 +244,7 @@ fn freed(api: Api<Lease>, seen: Writer<Lease>) -> impl futures_util::Stream<Item
 /// gives back every Lease it held, so a rolling restart hands each link over at once.
 pub async fn run(
     api: Api<Lease>,
-    identity: String,
-    facade: Option<String>,
+    me: Claimant,
     timing: LeaseTiming,
     mut links: watch::Receiver<BTreeSet<String>>,
     held: watch::Sender<BTreeSet<String>>,
@@ -264,7 +272,7 @@ pub async fn run(
         });
         for link in &wanted {
             let started = tokio::time::Instant::now();
-            let ok = match try_hold(&api, link, &identity, facade.as_deref(), timing).await {
+            let ok = match try_hold(&api, link, &me, timing).await {
                 Ok(ok) => ok,
                 Err(e) => {
                     tracing::warn!(%link, error = %e, "cannot renew the link's lease");
@@ -284,7 +292,7 @@ pub async fn run(
     }
     let given = held.send_replace(BTreeSet::new());
     for link in given {
-        match give_back(&api, &link, &identity).await {
+        match give_back(&api, &link, &me.identity).await {
             Ok(true) => tracing::info!(%link, "gave the link's Lease back for another replica"),
             Ok(false) => {}
             Err(e) => {
