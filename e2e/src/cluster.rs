@@ -84,11 +84,28 @@ impl Replica {
         Self::start_with(local, identity, Some(peer), fast()).await
     }
 
+    /// Starts the first of replicas that follow each other: its `--peers` is its own facade
+    /// (as the headless Service lists every replica, this one too), so it follows the holder
+    /// of a link it does not hold. Start the others [`Self::start_beside`] it.
+    pub async fn start_first(local: &RunningLocal, identity: &str) -> Self {
+        Self::start_with_peers(local, identity, None, fast(), true).await
+    }
+
     async fn start_with(
         local: &RunningLocal,
         identity: &str,
         peer: Option<&Replica>,
         timing: Timing,
+    ) -> Self {
+        Self::start_with_peers(local, identity, peer, timing, false).await
+    }
+
+    async fn start_with_peers(
+        local: &RunningLocal,
+        identity: &str,
+        peer: Option<&Replica>,
+        timing: Timing,
+        self_peer: bool,
     ) -> Self {
         let bind = async || TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let listeners = floodgate::server::Listeners {
@@ -125,7 +142,10 @@ impl Replica {
                 ..Default::default()
             },
             identity: identity.into(),
-            peers: peer.map(|p| p.facade.to_string()),
+            peers: peer
+                .map(|p| p.facade)
+                .or(self_peer.then_some(addr))
+                .map(|a| a.to_string()),
             peer_server_name: "localhost".into(),
             advertise_address: Some(addr.to_string()),
         };

@@ -492,3 +492,51 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     .await;
     b.stop().await;
 }
+
+/// The links spread over the replicas: two replicas and two links, each replica holds one
+/// Lease (the first held both until the second joined and gave one back), and each link's
+/// remote keeps the watches of one replica: the other follows the holder.
+#[tokio::test]
+async fn two_replicas_share_two_links_and_each_remote_is_watched_once() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    add_link(&local, "west", &sim, mk_link("west")).await;
+    let a = Replica::start_first(&local, "replica-a").await;
+    until(30, "a holds both links", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+            && lease_holder(&local, "west").as_deref() == Some("replica-a")
+    })
+    .await;
+    let on_a = a.consumer("west", &token("west")).await;
+    until(30, "a serves west", async || {
+        service_names(&on_a).await == Some(["web"].map(String::from).into())
+    })
+    .await;
+    let one_replica = sim.api.open_watches();
+
+    let b = Replica::start_beside(&local, "replica-b", &a).await;
+    until(30, "each replica holds one link", async || {
+        let (east, west) = (lease_holder(&local, "east"), lease_holder(&local, "west"));
+        east.is_some() && west.is_some() && east != west
+    })
+    .await;
+    eprintln!(
+        "east held by {:?}, west by {:?}",
+        lease_holder(&local, "east"),
+        lease_holder(&local, "west")
+    );
+    let on_b = b.consumer("east", &token("east")).await;
+    until(
+        30,
+        "both serve both links, the remote watched once per link",
+        async || {
+            service_names(&on_b).await == Some(["web"].map(String::from).into())
+                && service_names(&on_a).await == Some(["web"].map(String::from).into())
+                && sim.api.open_watches() == one_replica
+        },
+    )
+    .await;
+    b.stop().await;
+    a.stop().await;
+}

@@ -100,8 +100,16 @@ pub async fn try_hold(
     me: &Claimant,
     timing: LeaseTiming,
 ) -> Result<bool, kube::Error> {
+    try_hold_named(api, lease_name(link), me, timing).await
+}
+
+async fn try_hold_named(
+    api: &Api<Lease>,
+    name: String,
+    me: &Claimant,
+    timing: LeaseTiming,
+) -> Result<bool, kube::Error> {
     let (identity, facade) = (me.identity.as_str(), me.facade.as_deref());
-    let name = lease_name(link);
     let now = jiff::Timestamp::now();
     let duration = i32::try_from(timing.duration.as_secs()).unwrap_or(i32::MAX);
     let existing = api.get_opt(&name).await?;
@@ -165,7 +173,14 @@ pub async fn try_hold(
 /// replica takes it at once (it learns of it from its watch of the Leases, [`freed`]) instead
 /// of after `leaseDurationSeconds`. `Ok(false)`: not ours (any more), left as it is.
 pub async fn give_back(api: &Api<Lease>, link: &str, identity: &str) -> Result<bool, kube::Error> {
-    let name = lease_name(link);
+    give_back_named(api, lease_name(link), identity).await
+}
+
+async fn give_back_named(
+    api: &Api<Lease>,
+    name: String,
+    identity: &str,
+) -> Result<bool, kube::Error> {
     let Some(mut lease) = api.get_opt(&name).await? else {
         return Ok(false);
     };
@@ -182,6 +197,60 @@ pub async fn give_back(api: &Api<Lease>, link: &str, identity: &str) -> Result<b
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// What the name of every replica's presence Lease starts with: each replica holds one while
+/// it runs, so the others know how many share the links.
+const REPLICA_PREFIX: &str = "floodgate-replica-";
+
+/// The Leases a replica holds of `links` when `replicas` share them: as many as any other,
+/// give or take one.
+pub fn share(links: usize, replicas: usize) -> usize {
+    links.div_ceil(replicas.max(1))
+}
+
+/// The replicas running as `leases` last saw them (their presence Leases, held and live),
+/// `me` included.
+fn live_replicas(leases: &Store<Lease>, me: &str, now: jiff::Timestamp) -> usize {
+    let mut ids: BTreeSet<String> = (leases.state().iter())
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(REPLICA_PREFIX))
+        })
+        .filter(|l| decide(l.spec.as_ref(), "", now) == Decision::Leave)
+        .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
+        .collect();
+    ids.insert(me.to_owned());
+    ids.len()
+}
+
+/// Whether this replica, holding `held` Leases of its `share`, tries to take `lease` (`None`:
+/// not created yet). A live holder's is left alone. A free or lapsed one is taken while this
+/// replica holds less than its share; past that, only once it has stayed free longer than a
+/// Lease lasts (no other replica took it: a link is never left without a holder for balance).
+fn worth_taking(
+    lease: Option<&Lease>,
+    held: usize,
+    share: usize,
+    now: jiff::Timestamp,
+    timing: LeaseTiming,
+) -> bool {
+    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
+        return true;
+    };
+    if decide(Some(spec), "", now) == Decision::Leave {
+        return false;
+    }
+    if held < share {
+        return true;
+    }
+    let lasts =
+        jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
+    let grace = jiff::SignedDuration::try_from(timing.duration).unwrap_or_default();
+    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
+    renewed.is_none_or(|t| t.0 + lasts + grace < now)
 }
 
 /// The holder of link `link`'s Lease as `leases` (the lease loop's cache) last saw it: the
@@ -239,9 +308,13 @@ fn freed(api: Api<Lease>, seen: Writer<Lease>) -> impl futures_util::Stream<Item
         })
 }
 
-/// Keeps trying to hold the Lease of every link in `links`, publishing the set held on
-/// `held` and the Leases it watches in `seen`'s store. Runs until `shutdown`; then it empties `held` (this replica decides no more) and
-/// gives back every Lease it held, so a rolling restart hands each link over at once.
+/// Keeps holding this replica's share of the Leases of the links in `links`, publishing the
+/// set held on `held` and the Leases it watches in `seen`'s store. The replicas share the
+/// links: each holds a presence Lease, takes free Leases while it holds less than its
+/// [`share`], and gives one back per renewal while it holds more (a replica that joins gets
+/// its share within a few renewals). Runs until `shutdown`; then it empties `held` (this
+/// replica decides no more) and gives back its presence and every Lease it held, so a rolling
+/// restart hands each link over at once.
 pub async fn run(
     api: Api<Lease>,
     me: Claimant,
@@ -254,6 +327,9 @@ pub async fn run(
     use futures_util::StreamExt as _;
     let mut tick = tokio::time::interval(timing.renew);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let leases = seen.as_reader();
+    let namespace = api.namespace().unwrap_or_default().to_owned();
+    let presence = format!("{REPLICA_PREFIX}{}", me.identity);
     let mut freed = std::pin::pin!(freed(api.clone(), seen));
     loop {
         tokio::select! {
@@ -263,6 +339,9 @@ pub async fn run(
             // A link wanted anew is tried at once, not at the next renewal.
             Ok(()) = links.changed() => {}
         }
+        if let Err(e) = try_hold_named(&api, presence.clone(), &me, timing).await {
+            tracing::warn!(error = %e, "cannot renew this replica's presence Lease");
+        }
         let wanted = links.borrow().clone();
         // Links no longer wanted are dropped before anything else.
         held.send_if_modified(|h| {
@@ -270,7 +349,14 @@ pub async fn run(
             h.retain(|l| wanted.contains(l));
             h.len() != before
         });
+        let now = jiff::Timestamp::now();
+        let share = share(wanted.len(), live_replicas(&leases, &me.identity, now));
         for link in &wanted {
+            let mine = held.borrow().contains(link);
+            let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(&namespace));
+            if !mine && !worth_taking(lease.as_deref(), held.borrow().len(), share, now, timing) {
+                continue;
+            }
             let started = tokio::time::Instant::now();
             let ok = match try_hold(&api, link, &me, timing).await {
                 Ok(ok) => ok,
@@ -289,8 +375,29 @@ pub async fn run(
                 }
             });
         }
+        // More than its share: one Lease back per renewal, for a replica with less to take.
+        let excess = (held.borrow().len() > share)
+            .then(|| held.borrow().iter().next_back().cloned())
+            .flatten();
+        if let Some(link) = excess {
+            held.send_modify(|h| {
+                h.remove(&link);
+            });
+            match give_back(&api, &link, &me.identity).await {
+                Ok(true) => {
+                    tracing::info!(%link, share, "gave the link's Lease back: this replica holds more than its share")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(%link, error = %e, "cannot give the link's Lease back"),
+            }
+        }
     }
     let given = held.send_replace(BTreeSet::new());
+    // The presence first: a replica that sees a link's Lease freed already counts one replica
+    // less, so its share covers the link.
+    if let Err(e) = give_back_named(&api, presence, &me.identity).await {
+        tracing::warn!(error = %e, "cannot give this replica's presence Lease back");
+    }
     for link in given {
         match give_back(&api, &link, &me.identity).await {
             Ok(true) => tracing::info!(%link, "gave the link's Lease back for another replica"),
@@ -305,6 +412,46 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_replica_holds_its_share_give_or_take_one() {
+        assert_eq!(share(3, 1), 3);
+        assert_eq!(share(3, 2), 2);
+        assert_eq!(share(3, 3), 1);
+        assert_eq!(share(2, 3), 1);
+        assert_eq!(share(0, 2), 0);
+        assert_eq!(share(4, 0), 4, "no replica seen: this one holds everything");
+    }
+
+    /// A replica under its share takes a free Lease; at its share it leaves it for one under
+    /// its share, unless nobody took it for longer than a Lease lasts; a live holder's it
+    /// never takes.
+    #[test]
+    fn a_free_lease_is_taken_by_a_replica_under_its_share() {
+        let now = jiff::Timestamp::now();
+        let timing = LeaseTiming::default();
+        let lease = |spec: LeaseSpec| Lease {
+            spec: Some(spec),
+            ..Lease::default()
+        };
+        let given_back = |secs_ago: i64| LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(secs_ago))),
+            ..LeaseSpec::default()
+        };
+        let fresh = lease(given_back(0));
+        assert!(worth_taking(Some(&fresh), 0, 1, now, timing));
+        assert!(!worth_taking(Some(&fresh), 1, 1, now, timing));
+        let long_free = lease(given_back(60));
+        assert!(worth_taking(Some(&long_free), 1, 1, now, timing));
+        let live = lease(spec("replica-b", 1, now));
+        assert!(!worth_taking(Some(&live), 0, 5, now, timing));
+        assert!(
+            worth_taking(None, 3, 1, now, timing),
+            "a Lease nobody made yet"
+        );
+    }
 
     fn spec(holder: &str, renewed_secs_ago: i64, now: jiff::Timestamp) -> LeaseSpec {
         LeaseSpec {
