@@ -36,6 +36,18 @@ pub struct Launch {
     piped: bool,
     cluster: Option<PathBuf>,
     identity: String,
+    peer: Peer,
+}
+
+/// Whom a controller replica follows for the links it does not hold.
+#[derive(Debug, Clone)]
+enum Peer {
+    /// Nobody: it watches every remote itself.
+    None,
+    /// The first of replicas that follow each other: `--peers` is its own facade.
+    First,
+    /// Beside a running replica: its CA and certificate, and `--peers` at its facade.
+    Beside { facade: SocketAddr, tls: PathBuf },
 }
 
 impl Launch {
@@ -53,7 +65,27 @@ impl Launch {
             piped: false,
             cluster: None,
             identity: "floodgate-0".into(),
+            peer: Peer::None,
         }
+    }
+
+    /// In controller mode, the first of replicas that follow each other (as the manifests'
+    /// headless Service lists every replica, this one too): it says where its facade is on
+    /// the Leases it holds, and reads the links it does not hold from their holder.
+    pub fn first_of_peers(mut self) -> Self {
+        self.peer = Peer::First;
+        self
+    }
+
+    /// In controller mode, a replica beside `peer` (started with [`Self::first_of_peers`]):
+    /// the same CA and certificate (as the `floodgate-tls` Secret makes every replica share),
+    /// `--peers` at its facade, and it follows the holder of each link it does not hold.
+    pub fn beside(mut self, peer: &Floodgate) -> Self {
+        self.peer = Peer::Beside {
+            facade: peer.facade,
+            tls: peer.state.join("tls"),
+        };
+        self
     }
 
     /// In controller mode, the replica's identity in Leases (`--identity`; `floodgate-0`
@@ -140,6 +172,22 @@ impl Launch {
                 env.push(("KUBECONFIG".into(), kubeconfig.into()));
                 argv.extend(["controller".into(), "--namespace".into(), NS.into()]);
                 argv.extend(["--identity".into(), self.identity.clone().into()]);
+                let peers = match &self.peer {
+                    Peer::None => None,
+                    Peer::First => Some(facade),
+                    Peer::Beside { facade, tls } => {
+                        let ours = state.join("tls");
+                        std::fs::create_dir_all(&ours)?;
+                        for f in ["tls.crt", "tls.key", "ca.crt"] {
+                            std::fs::copy(tls.join(f), ours.join(f))?;
+                        }
+                        Some(*facade)
+                    }
+                };
+                if let Some(peers) = peers {
+                    argv.extend(["--peers".into(), peers.to_string().into()]);
+                    argv.extend(["--advertise-address".into(), facade.to_string().into()]);
+                }
             }
         }
         argv.extend([

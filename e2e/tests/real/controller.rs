@@ -83,21 +83,24 @@ pub(super) async fn account_kubeconfig(kube: &RealKube, namespace: &str, name: &
 /// `floodgate controller` as replica `identity` of the cluster of `account` (a kubeconfig file),
 /// its files under the server's directory in `identity/`, its admin API opened by
 /// [`cluster::ADMIN_TOKEN`]. Not yet waited for.
-pub(super) async fn replica(kube: &RealKube, account: &Path, identity: &str) -> Floodgate {
-    Launch::new(Mode::Controller, &kube.dir().join(identity))
+pub(super) async fn replica(
+    kube: &RealKube,
+    account: &Path,
+    identity: &str,
+    peering: impl FnOnce(Launch) -> Launch,
+) -> Floodgate {
+    let launch = Launch::new(Mode::Controller, &kube.dir().join(identity))
         .cluster(account)
         .identity(identity)
         .link("east", &kube.kubeconfig().expect("kubeconfig"), spec())
-        .admin_token(cluster::ADMIN_TOKEN)
-        .spawn()
-        .await
-        .expect("floodgate controller")
+        .admin_token(cluster::ADMIN_TOKEN);
+    peering(launch).spawn().await.expect("floodgate controller")
 }
 
 /// [`shipped_cluster`], and one controller replica in it. Not yet waited for.
 async fn controller_under_rbac(kube: &RealKube, role: impl Fn(&str) -> String) -> Floodgate {
     let account = shipped_cluster(kube, role).await;
-    replica(kube, &account, "floodgate-0").await
+    replica(kube, &account, "floodgate-0", |l| l).await
 }
 
 /// Link `east` as the cluster has it.

@@ -77,13 +77,20 @@ async fn phase_everywhere(kube: &RealKube, on: &[&Floodgate], phase: &str) {
 /// The two replicas, both ready and serving the calm services, and the holder's identity.
 async fn two_replicas(kube: &RealKube) -> ([Floodgate; 2], String) {
     let account = shipped_cluster(kube, str::to_owned).await;
-    let mut replicas = [
-        replica(kube, &account, "floodgate-0").await,
-        replica(kube, &account, "floodgate-1").await,
-    ];
-    for fg in &mut replicas {
-        fg.wait_ready(60).await.expect("the replica is ready");
-    }
+    let before = upstream_watches(kube, "endpointslices").await;
+    // As the manifests run them: each says where its facade is, and follows the holder of a
+    // link it does not hold.
+    let mut first = replica(kube, &account, "floodgate-0", |l| l.first_of_peers()).await;
+    first
+        .wait_ready(60)
+        .await
+        .expect("the first replica is ready");
+    let mut second = replica(kube, &account, "floodgate-1", |l| l.beside(&first)).await;
+    second
+        .wait_ready(60)
+        .await
+        .expect("the second replica is ready");
+    let replicas = [first, second];
     until(60, "both replicas serve the calm services", async || {
         served_services(&replicas[0]).await == Ok(CALM)
             && served_services(&replicas[1]).await == Ok(CALM)
@@ -95,7 +102,37 @@ async fn two_replicas(kube: &RealKube) -> ([Floodgate; 2], String) {
         holder.is_some()
     })
     .await;
+    // The remote (the same server here) keeps one upstream's watches: the other replica
+    // follows the holder's facade.
+    let mut watches = 0;
+    until(
+        30,
+        "one upstream watch of EndpointSlices on the real server",
+        async || {
+            watches = upstream_watches(kube, "endpointslices").await;
+            watches == before + 1
+        },
+    )
+    .await;
+    println!(
+        "  the real server's open watches of EndpointSlices: {before} before, {watches} with two replicas"
+    );
     (replicas, holder.expect("a holder"))
+}
+
+/// Open watches of `resource` on the real server, from its own gauge
+/// (`apiserver_longrunning_requests`, every scope).
+async fn upstream_watches(kube: &RealKube, resource: &str) -> u64 {
+    let Ok(metrics) = kube.kubectl(&["get", "--raw", "/metrics"]).await else {
+        return 0;
+    };
+    let want = format!("resource=\"{resource}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
+        .filter(|l| l.contains(&want) && l.contains("verb=\"WATCH\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// Two replicas of `floodgate controller`, each as the `floodgate` ServiceAccount:
