@@ -19,7 +19,8 @@ IMAGE_PROFILE ?= release
 IMAGE_TARGETS ?= --bins
 IMAGE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 
-.PHONY: demo test test-real prereqs-lane realkube e2e bench crds lint build prereqs image image-test
+.PHONY: demo test test-real prereqs-lane realkube e2e bench crds lint build prereqs image image-test \
+	monitoring-check monitoring-rules
 
 ## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
 ## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
@@ -36,13 +37,13 @@ $(PY_VENV)/bin/python:
 	$(PY_VENV)/bin/pip install --quiet kubernetes
 
 ## prereqs: what the tests need besides the Rust toolchain (cargo-nextest, kubectl, python3-venv,
-## chromium and chromium-driver), installed only when missing (Debian's packages).
+## chromium and chromium-driver, promtool), installed only when missing (Debian's packages).
 prereqs:
 	.ci/prereqs
 
 ## test: the whole suite (unit, property, integration with kubectl, kube-rs and the Python
-## client, doc tests), built once, run in parallel.
-test: prereqs $(PY_VENV)/bin/python
+## client, doc tests), built once, run in parallel; the alerts' unit tests first.
+test: prereqs monitoring-check $(PY_VENV)/bin/python
 	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
@@ -85,6 +86,22 @@ bench:
 ## crds: regenerate the CRD from the Rust types into manifests/crds/.
 crds:
 	$(CARGO) run --locked -q -p floodgate -- crd > manifests/crds/links.floodgate.dev.yaml
+
+MONITORING := manifests/monitoring
+
+## monitoring-check: the alerts of manifests/monitoring/ checked and unit-tested with promtool
+## (under a second; promtool from Debian's prometheus package, installed by prereqs).
+monitoring-check: prereqs
+	promtool check rules $(MONITORING)/floodgate.rules.yaml
+	promtool test rules $(MONITORING)/floodgate.rules.test.yaml
+
+## monitoring-rules: write the PrometheusRule's groups from floodgate.rules.yaml (its header,
+## up to `spec:`, is kept); link-crd/tests/monitoring.rs fails when they differ.
+monitoring-rules:
+	{ sed -n '1,/^spec:$$/p' $(MONITORING)/prometheusrule.yaml; \
+	  sed -n '/^groups:/,$$p' $(MONITORING)/floodgate.rules.yaml | sed 's/^./  &/'; \
+	} > $(MONITORING)/prometheusrule.yaml.new
+	mv $(MONITORING)/prometheusrule.yaml.new $(MONITORING)/prometheusrule.yaml
 
 ## lint: formatting and clippy, warnings are errors.
 lint:
