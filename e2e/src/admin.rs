@@ -59,3 +59,28 @@ pub async fn link(addr: SocketAddr, name: &str) -> Option<Value> {
         _ => None,
     }
 }
+
+/// The metrics the shipped alerts and dashboard use (`manifests/monitoring/metrics.txt`) that
+/// the exposition `text` does not serve: a name is served when a `# TYPE` line declares it
+/// (a counter's samples carry `_total`, a histogram's `_bucket`, `_sum` and `_count`).
+pub fn unserved_monitoring_metrics(text: &str) -> Vec<String> {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/monitoring/metrics.txt"
+    );
+    let wanted = std::fs::read_to_string(file).expect("manifests/monitoring/metrics.txt");
+    let declared: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    wanted
+        .lines()
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .filter(|m| {
+            let base = m.strip_suffix("_total").unwrap_or(m);
+            !declared.contains(m) && !declared.contains(base)
+        })
+        .map(str::to_owned)
+        .collect()
+}

@@ -140,3 +140,98 @@ async fn s4_a_link_quarantined_and_released_over_http_converges() {
     );
     consumer.abort();
 }
+
+/// The value of the metrics line `series` (its name and labels exactly), if served.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The signals operators alert on: the facade's requests counted exactly by verb, resource
+/// and code; the remote reachable; no ready endpoint without its pod; the publication delay
+/// of the changes published; the watch cap; the build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
+    let store = Arc::new(SimStore::new(62, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 3, true);
+    let stack = Stack::start(store, Stack::default_spec())
+        .await
+        .expect("stack");
+    let client = stack.consumer().await.expect("client");
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, "prod");
+    for _ in 0..3 {
+        services.list(&Default::default()).await.expect("LIST");
+    }
+    services.get("web").await.expect("GET");
+    assert!(services.get("nope").await.is_err(), "GET of a missing one");
+    // A change published after the first sync has its delay measured.
+    cluster.scale("web", 4, true);
+    let metrics = async || {
+        admin::call_text(stack.admin_addr(), "GET", "/metrics", None, "")
+            .await
+            .expect("metrics")
+            .1
+    };
+    let mut text = String::new();
+    until(20, "the scale-up published and measured", async || {
+        text = metrics().await;
+        sample(&text, "floodgate_publication_delay_seconds_count{link=\"east\"}")
+            .is_some_and(|n| n >= 1.0)
+            && sample(&text, "floodgate_endpoints_published{link=\"east\"}") == Some(4.0)
+            // The new endpoint's pod may come a publication later (within 6 s, guarantee 7).
+            && sample(&text, "floodgate_ready_endpoints_without_pod{link=\"east\"}") == Some(0.0)
+    })
+    .await;
+    let east = |labels: &str| format!("{{link=\"east\",{labels}}}");
+    let requests = |verb: &str, code: u16| {
+        sample(
+            &text,
+            &format!(
+                "floodgate_facade_requests_total{}",
+                east(&format!(
+                    "verb=\"{verb}\",resource=\"services\",code=\"{code}\""
+                ))
+            ),
+        )
+    };
+    assert_eq!(requests("list", 200), Some(3.0), "{text}");
+    assert_eq!(requests("get", 200), Some(1.0), "{text}");
+    assert_eq!(requests("get", 404), Some(1.0), "{text}");
+    for (series, want) in [
+        ("floodgate_upstream_reachable{link=\"east\"}", 1.0),
+        ("floodgate_upstream_outages_total{link=\"east\"}", 0.0),
+        ("floodgate_ready_endpoints_without_pod{link=\"east\"}", 0.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+    assert!(
+        sample(&text, "floodgate_watchers_limit{link=\"east\"}").is_some_and(|n| n > 0.0),
+        "{text}"
+    );
+    let le = |b: &str| {
+        sample(
+            &text,
+            &format!("floodgate_publication_delay_seconds_bucket{{le=\"{b}\",link=\"east\"}}"),
+        )
+    };
+    let count = sample(
+        &text,
+        "floodgate_publication_delay_seconds_count{link=\"east\"}",
+    );
+    assert!(
+        le("0.001") <= le("60.0") && le("60.0") <= le("+Inf") && le("+Inf") == count,
+        "cumulative buckets from 1 ms to 60 s, +Inf the count:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("floodgate_build_info{") && l.contains("mode=\"run\"")),
+        "{text}"
+    );
+    let unserved = admin::unserved_monitoring_metrics(&text);
+    assert!(
+        unserved.is_empty(),
+        "the alerts and dashboard use metrics `floodgate run` does not serve: {unserved:?}"
+    );
+}

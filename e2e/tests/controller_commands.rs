@@ -329,3 +329,22 @@ async fn every_request_of_the_controller_is_granted_by_the_shipped_roles() {
         "the Roles let the gateway read Secrets only where the links' are"
     );
 }
+
+/// The alerts and the dashboard of `manifests/monitoring/` find every metric they use on a
+/// controller replica too, with the mode in `floodgate_build_info`.
+#[tokio::test]
+async fn a_replica_serves_every_metric_the_alerts_and_dashboard_use() {
+    let (_local, _sim, a) = holder_serving_east().await;
+    let (code, text) = floodgate_e2e::admin::call_text(a.admin, "GET", "/metrics", None, "")
+        .await
+        .expect("metrics");
+    assert_eq!(code, 200);
+    let unserved = floodgate_e2e::admin::unserved_monitoring_metrics(&text);
+    assert!(unserved.is_empty(), "not served: {unserved:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("floodgate_build_info{") && l.contains("mode=\"controller\"")),
+        "{text}"
+    );
+    a.stop().await;
+}

@@ -36,6 +36,8 @@ pub mod publish;
 pub mod quarantine;
 pub mod restore;
 mod schedule;
+
+pub use schedule::{DELAY_BUCKETS, Delays};
 pub mod store;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -243,6 +245,11 @@ impl Engine {
             endpoints_truncated: p.endpoints_truncated,
             pods_fetched: p.pods_fetched,
         }
+    }
+
+    /// How long the changes published so far waited for their publication.
+    pub fn publication_delays(&self) -> &Delays {
+        &self.schedule.delays
     }
 
     /// Groups waiting to be published: coalescing, in line, or waiting for a token.

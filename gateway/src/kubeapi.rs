@@ -18,7 +18,7 @@ pub mod serve;
 pub mod status;
 pub mod watch;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -185,6 +185,19 @@ pub struct ApiCounters {
     pub events_discarded: AtomicU64,
     /// Requests refused for authentication.
     pub unauthorized: AtomicU64,
+    /// Authenticated requests by verb, resource and response code (a handful of each: the
+    /// resources are the served ones, `events` and `other`).
+    pub requests: std::sync::Mutex<BTreeMap<(&'static str, &'static str, u16), u64>>,
+}
+
+impl ApiCounters {
+    /// Authenticated requests so far, by verb, resource and response code.
+    pub fn requests(&self) -> BTreeMap<(&'static str, &'static str, u16), u64> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// A snapshot of [`ApiCounters`].
@@ -250,6 +263,11 @@ impl<S: ApiStore> Api<S> {
             watch_slots: Arc::new(tokio::sync::Semaphore::new(limits.max_watches)),
             counters: ApiCounters::default(),
         }
+    }
+
+    /// Watches this link's facade serves at most at once.
+    pub fn max_watches(&self) -> usize {
+        self.limits.max_watches
     }
 
     /// Watches open now.

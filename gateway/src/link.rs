@@ -100,6 +100,18 @@ pub struct LinkState {
     pub upstream_list_strategies: BTreeMap<&'static str, &'static str>,
     /// True once the link has reached its remote.
     pub connected: bool,
+    /// True while the remote answers: connected, and no watcher failing (the link's health).
+    /// For `/metrics`.
+    #[serde(skip)]
+    pub upstream_reachable: bool,
+    /// Outages of the remote since the link started (each begins with a watcher's failure
+    /// and ends when the remote answers again). For `/metrics`.
+    #[serde(skip)]
+    pub upstream_outages: u64,
+    /// How long published changes waited, from their arrival to their publication. For
+    /// `/metrics`.
+    #[serde(skip)]
+    pub publication_delays: crate::churn::Delays,
     /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
     pub pending: usize,
 }
@@ -353,6 +365,9 @@ fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
         message,
         quarantine_reason,
         counters: engine.counters(),
+        publication_delays: engine.publication_delays().clone(),
+        upstream_outages: counters.health.outages(),
+        upstream_reachable: false,
         events_last_second: engine.events_last_second(),
         objects_held: engine.objects_held(),
         upstream_errors: counters.errors.load(Ordering::Relaxed),

@@ -31,6 +31,13 @@
 //! | `floodgate_upstream_oversized_total` | counter | (objects over the 2 MiB limit, refused) |
 //! | `floodgate_upstream_pods_skipped_total` | counter | (pod events no published endpoint needs, not decoded) |
 //! | `floodgate_discarded_writes_total` | counter | (Events accepted and discarded) |
+//! | `floodgate_publication_delay_seconds` | histogram | (from a change's arrival to its publication; 1 ms to 60 s) |
+//! | `floodgate_upstream_reachable` | gauge (0/1) | |
+//! | `floodgate_upstream_outages_total` | counter | |
+//! | `floodgate_watchers_limit` | gauge | (the facade's cap on open watches) |
+//! | `floodgate_ready_endpoints_without_pod` | gauge | (0 when the view is whole) |
+//! | `floodgate_facade_requests_total` | counter | `verb`, `resource`, `code` |
+//! | `floodgate_build_info` | gauge (1) | `version`, `mode` (no `link`) |
 
 use std::sync::Arc;
 
@@ -70,10 +77,37 @@ pub struct Metrics {
     registry: Registry,
 }
 
+/// `floodgate_build_info`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct BuildInfo {
+    version: String,
+    mode: String,
+}
+
 impl Metrics {
     /// Metrics of the links served, whichever they are at scrape time.
     pub fn new(links: Arc<Links>) -> Self {
+        Self::of_mode(links, "")
+    }
+
+    /// [`Metrics::new`] for a process running in `mode` (`run` or `controller`), which
+    /// `floodgate_build_info` says with the version.
+    pub fn of_mode(links: Arc<Links>, mode: &str) -> Self {
         let mut registry = Registry::with_prefix("floodgate");
+        let info = prometheus_client::metrics::family::Family::<
+            BuildInfo,
+            prometheus_client::metrics::gauge::Gauge,
+        >::default();
+        info.get_or_create(&BuildInfo {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            mode: mode.to_owned(),
+        })
+        .set(1);
+        registry.register(
+            "build_info",
+            "The running Floodgate: its version and mode (always 1).",
+            info,
+        );
         registry.register_collector(Box::new(LinkCollector { links }));
         Self { registry }
     }
@@ -96,8 +130,11 @@ struct Sample {
     name: String,
     state: LinkState,
     watchers: u64,
+    watchers_limit: u64,
     discarded: u64,
     view_bytes: u64,
+    without_pod: u64,
+    requests: std::collections::BTreeMap<(&'static str, &'static str, u16), u64>,
 }
 
 fn counter(
@@ -136,8 +173,11 @@ impl LinkCollector {
                 name: l.name().to_owned(),
                 state: l.handle.state.borrow().clone(),
                 watchers: l.api.open_watches() as u64,
+                watchers_limit: l.api.max_watches() as u64,
                 discarded: l.api.counters.snapshot().events_discarded,
                 view_bytes: l.handle.view.json_bytes() as u64,
+                without_pod: l.handle.view.ready_endpoints_without_pod(),
+                requests: l.api.counters.requests(),
             })
             .collect()
     }
@@ -355,6 +395,72 @@ impl Collector for LinkCollector {
             "Writes consumers made that were accepted and discarded (Events).",
             per_link(|s| s.discarded),
         )?;
-        Ok(())
+        signals(&mut enc, &samples)
     }
+}
+
+/// What operators alert on beyond the counters: publication delay, the remote's reachability,
+/// the facade's load and limit, and whether the view is whole.
+fn signals(enc: &mut DescriptorEncoder<'_>, samples: &[Sample]) -> std::fmt::Result {
+    let per_link = |f: fn(&Sample) -> u64| samples.iter().map(move |s| (link(s), f(s)));
+    {
+        let mut m = enc.encode_descriptor(
+            "publication_delay",
+            "How long published changes waited, from their arrival from the remote to their publication (changes dropped unpublished, as a quarantine drops them, are not counted).",
+            Some(&prometheus_client::registry::Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for s in samples {
+            let d = &s.state.publication_delays;
+            m.encode_family(&link(s))?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    d.sum,
+                    d.count,
+                    &d.buckets(),
+                    None,
+                )?;
+        }
+    }
+    gauge(
+        enc,
+        "upstream_reachable",
+        "1 while the remote answers (connected, no watcher failing).",
+        per_link(|s| u64::from(s.state.upstream_reachable)),
+    )?;
+    counter(
+        enc,
+        "upstream_outages",
+        "Outages of the remote: each begins with a watcher's failure and ends when it answers again.",
+        per_link(|s| s.state.upstream_outages),
+    )?;
+    gauge(
+        enc,
+        "watchers_limit",
+        "Watches the link's facade serves at most at once (more are refused with 429).",
+        per_link(|s| s.watchers_limit),
+    )?;
+    gauge(
+        enc,
+        "ready_endpoints_without_pod",
+        "Ready endpoints served whose pod the link does not serve (0 when the view is whole).",
+        per_link(|s| s.without_pod),
+    )?;
+    counter(
+        enc,
+        "facade_requests",
+        "Authenticated requests to the link's facade, by verb, resource and response code.",
+        samples.iter().flat_map(|s| {
+            s.requests.iter().map(move |((verb, resource, code), n)| {
+                (
+                    vec![
+                        ("link", s.name.clone()),
+                        ("verb", (*verb).to_owned()),
+                        ("resource", (*resource).to_owned()),
+                        ("code", code.to_string()),
+                    ],
+                    *n,
+                )
+            })
+        }),
+    )
 }

@@ -159,11 +159,13 @@ pub fn start(
     });
 
     let history = Arc::new(admin::history::History::default());
+    // `run` or `controller`, as `GET /config` says it.
+    let mode = cfg.config["mode"].as_str().unwrap_or_default().to_owned();
     let state = Arc::new(admin::AdminState {
         links: links.clone(),
         config: cfg.config,
         token: cfg.admin_token,
-        metrics: crate::metrics::Metrics::new(links.clone()),
+        metrics: crate::metrics::Metrics::of_mode(links.clone(), &mode),
         history: history.clone(),
     });
     let admin_router = admin::finish(admin::router(state).merge(health_router(

@@ -252,6 +252,28 @@ impl View {
         self.read().shelf(key.kind).objects.get(&key.id).cloned()
     }
 
+    /// Ready endpoints served whose pod is not (a consumer resolving them finds no pod): 0
+    /// when the view is whole. Read at scrape time, one pass over the served slices.
+    pub fn ready_endpoints_without_pod(&self) -> u64 {
+        let slices = self.list(Kind::EndpointSlice);
+        let mut missing = 0;
+        for stored in &slices.items {
+            let Object::EndpointSlice(slice) = &stored.object else {
+                continue;
+            };
+            for (pod, ready) in slice.pod_refs_ready() {
+                let key = ObjKey {
+                    kind: Kind::Pod,
+                    id: pod,
+                };
+                if ready && self.get(&key).is_none() {
+                    missing += 1;
+                }
+            }
+        }
+        missing
+    }
+
     /// The JSON bytes of every object served (each object's own encoding; the view holds it
     /// once, shared by lists, watch frames and history).
     pub fn json_bytes(&self) -> usize {

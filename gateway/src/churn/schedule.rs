@@ -31,9 +31,50 @@ enum Slot {
     Parked,
 }
 
+/// Upper bounds, in seconds, of the publication-delay histogram's buckets: 1 ms to 60 s.
+pub const DELAY_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// How long published changes waited: from a group's first change not yet published (its
+/// arrival from upstream) to the publication that carried it. Changes dropped unpublished
+/// (a quarantine freezes the view) are not counted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Delays {
+    /// Publications per bucket of [`DELAY_BUCKETS`] (not cumulative); longer ones are only in
+    /// `count`.
+    pub buckets: [u64; DELAY_BUCKETS.len()],
+    /// Publications measured.
+    pub count: u64,
+    /// Their delays, summed, in seconds.
+    pub sum: f64,
+}
+
+impl Delays {
+    fn record(&mut self, waited: Duration) {
+        let secs = waited.as_secs_f64();
+        if let Some(i) = DELAY_BUCKETS.iter().position(|le| secs <= *le) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum += secs;
+    }
+
+    /// `(le, publications in that bucket)` for every bucket, each counting those over the
+    /// previous bound (the encoder accumulates them), and `+Inf` for those over 60 s.
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        let within: u64 = self.buckets.iter().sum();
+        (DELAY_BUCKETS.iter().copied().zip(self.buckets))
+            .chain([(f64::INFINITY, self.count - within)])
+            .collect()
+    }
+}
+
 #[derive(Debug)]
 struct Sched {
     slot: Slot,
+    /// The group's first change not yet published.
+    waiting_since: Option<Instant>,
     bucket: Limiter<FedClock>,
     /// The group's last change: a change after `quiet` of silence publishes at once.
     last_change: Option<Instant>,
@@ -70,6 +111,8 @@ pub struct Scheduler {
     queued: usize,
     /// Publications that had to wait for a token.
     pub throttled: u64,
+    /// How long published changes waited.
+    pub delays: Delays,
 }
 
 impl Scheduler {
@@ -93,6 +136,7 @@ impl Scheduler {
             link_wait: None,
             queued: 0,
             throttled: 0,
+            delays: Delays::default(),
         }
     }
 
@@ -118,6 +162,7 @@ impl Scheduler {
         let budget = &self.budget;
         let st = self.groups.entry(g.clone()).or_insert_with(|| Sched {
             slot: Slot::Idle,
+            waiting_since: None,
             bucket: budget.service_bucket(),
             last_change: None,
             kinds: 0,
@@ -125,6 +170,7 @@ impl Scheduler {
         if st.last_change.is_none_or(|t| now >= t + self.quiet) {
             st.kinds = 0;
         }
+        st.waiting_since.get_or_insert(now);
         let bit = kind_bit(kind);
         let leading = st.kinds & bit == 0;
         st.kinds |= bit;
@@ -178,6 +224,7 @@ impl Scheduler {
         self.link_wait = None;
         for st in self.groups.values_mut() {
             st.slot = Slot::Idle;
+            st.waiting_since = None;
         }
         self.queued = 0;
     }
@@ -254,6 +301,9 @@ impl Scheduler {
             }
             *link_token = false;
             st.slot = Slot::Idle;
+            if let Some(since) = st.waiting_since.take() {
+                self.delays.record(now.saturating_duration_since(since));
+            }
             self.queued -= 1;
             return Some(g);
         }

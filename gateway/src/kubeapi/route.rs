@@ -91,9 +91,50 @@ pub(super) async fn serve<S: ApiStore>(api: &Api<S>, path: &str, req: Request) -
         }
     };
     let query = parts.uri.query().unwrap_or_default();
-    match dispatch(api, &parts.method, path, query, &parts.headers, body).await {
+    let resp = match dispatch(api, &parts.method, path, query, &parts.headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
+    };
+    let key = (
+        verb(&parts.method, path, query),
+        resource_of(path),
+        resp.status().as_u16(),
+    );
+    *(api
+        .counters
+        .requests
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()))
+    .entry(key)
+    .or_default() += 1;
+    resp
+}
+
+/// A request's verb as the API server names it in its audit log and metrics.
+fn verb(method: &Method, path: &str, query: &str) -> &'static str {
+    let named = matches!(route(path), Target::Resource { name: Some(_), .. });
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    match *method {
+        Method::GET if named => "get",
+        Method::GET if watch => "watch",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+/// The resource a request is about: a served one's plural, `events`, or `other` (discovery,
+/// unknown paths).
+fn resource_of(path: &str) -> &'static str {
+    match route(path) {
+        Target::Resource { def, .. } => def.plural,
+        Target::Events => "events",
+        _ => "other",
     }
 }
 

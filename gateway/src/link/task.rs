@@ -360,6 +360,7 @@ fn publish_state(
 ) {
     let mut state = link_state(engine, counters);
     state.connected = connected;
+    state.upstream_reachable = connected && counters.health.unreachable().is_none();
     state.quarantine_transitions = transitions.link;
     state
         .containment_transitions
@@ -380,6 +381,8 @@ fn publish_state(
             || s.upstream_list_strategies != state.upstream_list_strategies
             || s.message != state.message
             || s.connected != state.connected
+            || s.upstream_reachable != state.upstream_reachable
+            || s.upstream_outages != state.upstream_outages
             || s.pending != state.pending
             || s.quarantine_transitions != state.quarantine_transitions
             || s.containment_transitions != state.containment_transitions

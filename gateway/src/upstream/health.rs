@@ -55,6 +55,8 @@ pub struct Health {
     last_failure: Mutex<Option<Instant>>,
     /// When the outage began, and whether its length was logged.
     down_since: Mutex<Option<(Instant, bool)>>,
+    /// Outages so far.
+    outages: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Health {
@@ -63,6 +65,7 @@ impl Default for Health {
             state: watch::channel(None).0,
             last_failure: Mutex::new(None),
             down_since: Mutex::new(None),
+            outages: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -86,6 +89,8 @@ impl Health {
             true
         });
         if first {
+            self.outages
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             *self.down_since.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, false));
         } else {
             tracing::debug!(%reason, "the remote is still unreachable");
@@ -112,6 +117,11 @@ impl Health {
                 "the remote is still unreachable; the link keeps serving its view"
             );
         }
+    }
+
+    /// Outages so far: each begins with the first failure after the remote answered.
+    pub fn outages(&self) -> u64 {
+        self.outages.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Why the remote is unreachable, if it is.

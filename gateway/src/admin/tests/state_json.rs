@@ -62,6 +62,10 @@ fn mk_state(now: Instant) -> LinkState {
         upstream_list_strategies: BTreeMap::from([("pods", "paged")]),
         connected: true,
         pending: 27,
+        // Not in the JSON: for `/metrics` only.
+        upstream_reachable: true,
+        upstream_outages: 28,
+        publication_delays: crate::churn::Delays::default(),
     }
 }
 
