@@ -160,6 +160,13 @@ async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
         .await
         .expect("stack");
     let client = stack.consumer().await.expect("client");
+    // One LIST in protobuf, as client-go's typed clients ask.
+    let req = axum::http::Request::get("/api/v1/namespaces/prod/services")
+        .header("Accept", "application/vnd.kubernetes.protobuf")
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let resp = client.send(req).await.expect("a protobuf LIST");
+    assert_eq!(resp.status(), 200);
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, "prod");
     for _ in 0..3 {
         services.list(&Default::default()).await.expect("LIST");
@@ -185,20 +192,19 @@ async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
     })
     .await;
     let east = |labels: &str| format!("{{link=\"east\",{labels}}}");
-    let requests = |verb: &str, code: u16| {
+    let requests = |verb: &str, code: u16, encoding: &str| {
+        let labels = format!(
+            "verb=\"{verb}\",resource=\"services\",code=\"{code}\",encoding=\"{encoding}\""
+        );
         sample(
             &text,
-            &format!(
-                "floodgate_facade_requests_total{}",
-                east(&format!(
-                    "verb=\"{verb}\",resource=\"services\",code=\"{code}\""
-                ))
-            ),
+            &format!("floodgate_facade_requests_total{}", east(&labels)),
         )
     };
-    assert_eq!(requests("list", 200), Some(3.0), "{text}");
-    assert_eq!(requests("get", 200), Some(1.0), "{text}");
-    assert_eq!(requests("get", 404), Some(1.0), "{text}");
+    assert_eq!(requests("list", 200, "json"), Some(3.0), "{text}");
+    assert_eq!(requests("list", 200, "protobuf"), Some(1.0), "{text}");
+    assert_eq!(requests("get", 200, "json"), Some(1.0), "{text}");
+    assert_eq!(requests("get", 404, "json"), Some(1.0), "{text}");
     for (series, want) in [
         ("floodgate_upstream_reachable{link=\"east\"}", 1.0),
         ("floodgate_upstream_outages_total{link=\"east\"}", 0.0),

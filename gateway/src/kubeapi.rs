@@ -185,20 +185,24 @@ pub struct ApiCounters {
     pub events_discarded: AtomicU64,
     /// Requests refused for authentication.
     pub unauthorized: AtomicU64,
-    /// Authenticated requests by verb, resource and response code (a handful of each: the
-    /// resources are the served ones, `events` and `other`).
-    pub requests: std::sync::Mutex<BTreeMap<(&'static str, &'static str, u16), u64>>,
+    /// Authenticated requests by verb, resource, response code and encoding served (a
+    /// handful of each: the resources are the served ones, `events` and `other`).
+    pub requests: std::sync::Mutex<BTreeMap<RequestKey, u64>>,
 }
 
 impl ApiCounters {
-    /// Authenticated requests so far, by verb, resource and response code.
-    pub fn requests(&self) -> BTreeMap<(&'static str, &'static str, u16), u64> {
+    /// Authenticated requests so far, by verb, resource, response code and encoding.
+    pub fn requests(&self) -> BTreeMap<RequestKey, u64> {
         self.requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 }
+
+/// What a facade request is counted by: verb, resource, response code, encoding (`json` or
+/// `protobuf`).
+pub type RequestKey = (&'static str, &'static str, u16, &'static str);
 
 /// A snapshot of [`ApiCounters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

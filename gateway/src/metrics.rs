@@ -36,7 +36,7 @@
 //! | `floodgate_upstream_outages_total` | counter | |
 //! | `floodgate_watchers_limit` | gauge | (the facade's cap on open watches) |
 //! | `floodgate_ready_endpoints_without_pod` | gauge | (0 when the view is whole) |
-//! | `floodgate_facade_requests_total` | counter | `verb`, `resource`, `code` |
+//! | `floodgate_facade_requests_total` | counter | `verb`, `resource`, `code`, `encoding` |
 //! | `floodgate_build_info` | gauge (1) | `version`, `mode` (no `link`) |
 
 use std::sync::Arc;
@@ -134,7 +134,7 @@ struct Sample {
     discarded: u64,
     view_bytes: u64,
     without_pod: u64,
-    requests: std::collections::BTreeMap<(&'static str, &'static str, u16), u64>,
+    requests: std::collections::BTreeMap<crate::kubeapi::RequestKey, u64>,
 }
 
 fn counter(
@@ -448,19 +448,22 @@ fn signals(enc: &mut DescriptorEncoder<'_>, samples: &[Sample]) -> std::fmt::Res
     counter(
         enc,
         "facade_requests",
-        "Authenticated requests to the link's facade, by verb, resource and response code.",
+        "Authenticated requests to the link's facade, by verb, resource, response code and encoding served.",
         samples.iter().flat_map(|s| {
-            s.requests.iter().map(move |((verb, resource, code), n)| {
-                (
-                    vec![
-                        ("link", s.name.clone()),
-                        ("verb", (*verb).to_owned()),
-                        ("resource", (*resource).to_owned()),
-                        ("code", code.to_string()),
-                    ],
-                    *n,
-                )
-            })
+            s.requests
+                .iter()
+                .map(move |((verb, resource, code, encoding), n)| {
+                    (
+                        vec![
+                            ("link", s.name.clone()),
+                            ("verb", (*verb).to_owned()),
+                            ("resource", (*resource).to_owned()),
+                            ("code", code.to_string()),
+                            ("encoding", (*encoding).to_owned()),
+                        ],
+                        *n,
+                    )
+                })
         }),
     )
 }

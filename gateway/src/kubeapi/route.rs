@@ -95,10 +95,15 @@ pub(super) async fn serve<S: ApiStore>(api: &Api<S>, path: &str, req: Request) -
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
+    // The encoding served, from the response's own Content-Type (errors are JSON Status).
+    let protobuf = (resp.headers().get(axum::http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with(crate::protobuf::MEDIA_TYPE));
     let key = (
         verb(&parts.method, path, query),
         resource_of(path),
         resp.status().as_u16(),
+        if protobuf { "protobuf" } else { "json" },
     );
     *(api
         .counters
