@@ -241,3 +241,126 @@ async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
         "the alerts and dashboard use metrics `floodgate run` does not serve: {unserved:?}"
     );
 }
+
+/// `(le, cumulative count)` of link east's publication-delay buckets in `text`.
+fn delay_buckets(text: &str) -> Vec<(f64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("floodgate_publication_delay_seconds_bucket{le=\"")?;
+            let (le, rest) = rest.split_once('"')?;
+            let value = rest.strip_prefix(",link=\"east\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The median of the observations between two readings of the histogram, interpolated
+/// linearly within its bucket as Prometheus's `histogram_quantile` does.
+fn median_between(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .zip(before)
+        .map(|((le, a), (_, b))| (*le, a - b))
+        .collect();
+    let total = counts.last().map_or(0.0, |(_, n)| *n);
+    let rank = total / 2.0;
+    let mut lower = (0.0, 0.0);
+    for (le, n) in counts {
+        if n >= rank {
+            let (lo, below) = lower;
+            return lo + (le - lo) * (rank - below) / (n - below).max(f64::MIN_POSITIVE);
+        }
+        lower = (le, n);
+    }
+    f64::NAN
+}
+
+/// The publication delay Floodgate reports agrees with what a consumer measures: ten calm
+/// changes (a pod rolled, its slice stamped, each after the service has been quiet), the
+/// consumer's median from the write to its receipt through the facade, and the histogram's
+/// median over those ten publications, within 20 ms of each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publication_delay_histogram_agrees_with_the_consumer() {
+    use floodgate_e2e::flood::STAMP;
+    let store = Arc::new(SimStore::new(63, 1000));
+    let mut cluster = Cluster::new(store.clone(), "prod");
+    cluster.add_service("web", true);
+    cluster.scale("web", 3, true);
+    let spec = Stack::default_spec();
+    let quiet = std::time::Duration::from(spec.coalesce.quiet);
+    let stack = Stack::start(store, spec).await.expect("stack");
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64
+    };
+    let seen: Arc<std::sync::Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let api: Api<EndpointSlice> = Api::all(stack.consumer().await.expect("client"));
+    let record = seen.clone();
+    let consumer = tokio::spawn(async move {
+        let mut events =
+            std::pin::pin!(watcher::watcher(api, watcher::Config::default()).applied_objects());
+        while let Some(Ok(slice)) = events.next().await {
+            let stamp = (slice.metadata.annotations.as_ref())
+                .and_then(|a| a.get(STAMP))
+                .and_then(|s| s.parse::<u64>().ok());
+            if let Some(stamp) = stamp {
+                record.lock().expect("lock").push((stamp, now_ms()));
+            }
+        }
+    });
+    let metrics = async || {
+        admin::call_text(stack.admin_addr(), "GET", "/metrics", None, "")
+            .await
+            .expect("metrics")
+            .1
+    };
+    until(20, "the consumer has synced", async || {
+        sample(&metrics().await, "floodgate_link_synced{link=\"east\"}") == Some(1.0)
+    })
+    .await;
+    tokio::time::sleep(quiet).await;
+    let before = delay_buckets(&metrics().await);
+    for _ in 0..10 {
+        let stamp = now_ms();
+        // The stamp rides on the slice's next rewrite: a pod of the service rolled.
+        cluster.annotate_slices("web", STAMP, Some(&stamp.to_string()));
+        cluster.roll_pod("web", 0);
+        until(10, "the consumer receives the change", async || {
+            seen.lock().expect("lock").iter().any(|(s, _)| *s == stamp)
+        })
+        .await;
+        // Each change after a quiet service: published at its leading edge.
+        tokio::time::sleep(quiet + std::time::Duration::from_millis(50)).await;
+    }
+    let after = delay_buckets(&metrics().await);
+    consumer.abort();
+    let mut measured: Vec<u64> = {
+        let seen = seen.lock().expect("lock");
+        seen.iter()
+            .map(|(stamp, at)| at.saturating_sub(*stamp))
+            .collect()
+    };
+    measured.sort_unstable();
+    let consumer_ms = measured[measured.len() / 2] as f64;
+    let published = after.last().map_or(0.0, |b| b.1) - before.last().map_or(0.0, |b| b.1);
+    let histogram_ms = median_between(&before, &after) * 1000.0;
+    println!(
+        "publication delay, median of {published} publications: histogram {histogram_ms:.1} ms, \
+         consumer {consumer_ms:.1} ms (from the write to the receipt; all: {measured:?} ms)"
+    );
+    assert!(
+        published >= 10.0,
+        "the ten changes were measured: {published}"
+    );
+    assert!(
+        (histogram_ms - consumer_ms).abs() <= 20.0,
+        "histogram {histogram_ms:.1} ms, consumer {consumer_ms:.1} ms"
+    );
+}
