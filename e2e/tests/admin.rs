@@ -167,6 +167,12 @@ async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
         .expect("request");
     let resp = client.send(req).await.expect("a protobuf LIST");
     assert_eq!(resp.status(), 200);
+    // One watch open, of EndpointSlices.
+    let slices: Api<EndpointSlice> = Api::all(client.clone());
+    let watching = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher::watcher(slices, watcher::Config::default()));
+        while events.next().await.is_some() {}
+    });
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, "prod");
     for _ in 0..3 {
         services.list(&Default::default()).await.expect("LIST");
@@ -189,6 +195,10 @@ async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
             && sample(&text, "floodgate_endpoints_published{link=\"east\"}") == Some(4.0)
             // The new endpoint's pod may come a publication later (within 6 s, guarantee 7).
             && sample(&text, "floodgate_ready_endpoints_without_pod{link=\"east\"}") == Some(0.0)
+            && sample(
+                &text,
+                "floodgate_watchers_by_resource{link=\"east\",resource=\"endpointslices\"}",
+            ) == Some(1.0)
     })
     .await;
     let east = |labels: &str| format!("{{link=\"east\",{labels}}}");
@@ -240,6 +250,22 @@ async fn metrics_count_facade_requests_exactly_and_say_the_view_is_whole() {
         unserved.is_empty(),
         "the alerts and dashboard use metrics `floodgate run` does not serve: {unserved:?}"
     );
+    assert_eq!(
+        sample(
+            &text,
+            "floodgate_watchers_by_resource{link=\"east\",resource=\"services\"}"
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    watching.abort();
+    until(10, "the watch's end is counted", async || {
+        sample(
+            &metrics().await,
+            "floodgate_watchers_by_resource{link=\"east\",resource=\"endpointslices\"}",
+        ) == Some(0.0)
+    })
+    .await;
 }
 
 /// `(le, cumulative count)` of link east's publication-delay buckets in `text`.

@@ -185,6 +185,8 @@ pub struct ApiCounters {
     pub events_discarded: AtomicU64,
     /// Requests refused for authentication.
     pub unauthorized: AtomicU64,
+    /// Watches open now, by resource.
+    pub open_watches: Arc<OpenWatches>,
     /// Authenticated requests by verb, resource, response code and encoding served (a
     /// handful of each: the resources are the served ones, `events` and `other`).
     pub requests: std::sync::Mutex<BTreeMap<RequestKey, u64>>,
@@ -197,6 +199,46 @@ impl ApiCounters {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+}
+
+/// Watches open on a facade, by resource (in [`RESOURCES`]' order).
+#[derive(Debug, Default)]
+pub struct OpenWatches([AtomicU64; RESOURCES.len()]);
+
+impl OpenWatches {
+    /// Open watches of each served resource, by plural.
+    pub fn by_resource(&self) -> Vec<(&'static str, u64)> {
+        (RESOURCES.iter().zip(&self.0))
+            .map(|(def, n)| (def.plural, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+/// One open watch, counted in its resource's [`OpenWatches`] while it lives.
+#[derive(Debug)]
+pub struct OpenWatch {
+    all: Arc<OpenWatches>,
+    index: usize,
+}
+
+impl OpenWatch {
+    /// Counts a watch of `def` from now until it is dropped.
+    pub fn of(all: &Arc<OpenWatches>, def: &ResourceDef) -> Self {
+        let index = (RESOURCES.iter())
+            .position(|d| std::ptr::eq(d, def))
+            .unwrap_or(0);
+        all.0[index].fetch_add(1, Ordering::Relaxed);
+        Self {
+            all: all.clone(),
+            index,
+        }
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.all.0[self.index].fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -35,6 +35,7 @@
 //! | `floodgate_upstream_reachable` | gauge (0/1) | |
 //! | `floodgate_upstream_outages_total` | counter | |
 //! | `floodgate_watchers_limit` | gauge | (the facade's cap on open watches) |
+//! | `floodgate_watchers_by_resource` | gauge | `resource` |
 //! | `floodgate_ready_endpoints_without_pod` | gauge | (0 when the view is whole) |
 //! | `floodgate_facade_requests_total` | counter | `verb`, `resource`, `code`, `encoding` |
 //! | `floodgate_build_info` | gauge (1) | `version`, `mode` (no `link`) |
@@ -131,6 +132,7 @@ struct Sample {
     state: LinkState,
     watchers: u64,
     watchers_limit: u64,
+    watchers_by_resource: Vec<(&'static str, u64)>,
     discarded: u64,
     view_bytes: u64,
     without_pod: u64,
@@ -174,6 +176,7 @@ impl LinkCollector {
                 state: l.handle.state.borrow().clone(),
                 watchers: l.api.open_watches() as u64,
                 watchers_limit: l.api.max_watches() as u64,
+                watchers_by_resource: l.api.counters.open_watches.by_resource(),
                 discarded: l.api.counters.snapshot().events_discarded,
                 view_bytes: l.handle.view.json_bytes() as u64,
                 without_pod: l.handle.view.ready_endpoints_without_pod(),
@@ -432,6 +435,19 @@ fn signals(enc: &mut DescriptorEncoder<'_>, samples: &[Sample]) -> std::fmt::Res
         "upstream_outages",
         "Outages of the remote: each begins with a watcher's failure and ends when it answers again.",
         per_link(|s| s.state.upstream_outages),
+    )?;
+    gauge(
+        enc,
+        "watchers_by_resource",
+        "Watches consumers hold open on the link's facade, by resource.",
+        samples.iter().flat_map(|s| {
+            s.watchers_by_resource.iter().map(move |(r, n)| {
+                (
+                    vec![("link", s.name.clone()), ("resource", (*r).to_owned())],
+                    *n,
+                )
+            })
+        }),
     )?;
     gauge(
         enc,

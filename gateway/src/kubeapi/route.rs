@@ -258,7 +258,11 @@ async fn dispatch<S: ApiStore>(
                         )
                     });
                 };
-                let resp = watch::watch(store.view(), def, namespace, name, q, format, slot)?;
+                let held = watch::Held {
+                    slot,
+                    open: super::OpenWatch::of(&api.counters.open_watches, def),
+                };
+                let resp = watch::watch(store.view(), def, namespace, name, q, format, held)?;
                 // Counted once the watcher is subscribed: a test that waits for the count knows
                 // every later change reaches it.
                 bump(&api.counters.watches);

@@ -51,6 +51,18 @@ struct Watcher {
     done: bool,
     /// The API's watch slot, held for the stream's life.
     slot: Option<OwnedSemaphorePermit>,
+    /// This watch in the facade's count by resource, for the stream's life.
+    open: Option<super::OpenWatch>,
+}
+
+/// What an open watch holds for its life: one of the API's watch slots, and its place in the
+/// count of open watches by resource.
+#[derive(Debug)]
+pub struct Held {
+    /// The slot.
+    pub slot: OwnedSemaphorePermit,
+    /// The count.
+    pub open: super::OpenWatch,
 }
 
 /// Serves a WATCH. Errors known before the stream starts are HTTP errors, except an expired
@@ -62,8 +74,9 @@ pub fn watch(
     name: Option<&str>,
     mut query: Query,
     format: Format,
-    slot: OwnedSemaphorePermit,
+    held: Held,
 ) -> Result<Response, StatusError> {
+    let Held { slot, open } = held;
     if let Some(name) = name {
         // The legacy `/<plural>/<name>?watch=true` form: a field selector on the name.
         query.fields = super::selector::FieldFilter::parse(&format!("metadata.name={name}"))?;
@@ -105,6 +118,7 @@ pub fn watch(
                     asked,
                 );
                 w.slot = Some(slot);
+                w.open = Some(open);
                 let replay: Vec<Bytes> = events.iter().filter_map(|e| w.render_event(e)).collect();
                 return Ok(w.into_response(replay));
             }
@@ -116,6 +130,7 @@ pub fn watch(
         def, namespace, query, format, rx, initial, streaming, last_rv,
     );
     w.slot = Some(slot);
+    w.open = Some(open);
     Ok(w.into_response(Vec::new()))
 }
 
@@ -181,6 +196,7 @@ impl Watcher {
             last_rv,
             done: false,
             slot: None,
+            open: None,
         }
     }
 
