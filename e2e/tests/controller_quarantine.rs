@@ -448,6 +448,7 @@ async fn floodgate_status_shows_containment_and_quarantine_and_waits_for_their_r
         };
         let (east, west) = (line("east "), line("west "));
         east.contains("1 (prod/injector)")
+            && east.contains(" reachable ")
             && east.contains("replica-a")
             && west.contains("Quarantined")
             && west.contains("Manual since")
@@ -476,6 +477,10 @@ async fn floodgate_status_shows_containment_and_quarantine_and_waits_for_their_r
     let row = |name: &str| rows.iter().find(|r| r.name == name).expect("a row");
     assert_eq!(row("east").contained_first, ["prod/injector"]);
     assert_eq!(row("west").phase, "Quarantined");
+    assert_eq!(
+        (row("east").remote.as_str(), row("west").remote.as_str()),
+        ("reachable", "-")
+    );
     assert!(row("east").watchers.is_some() && row("east").objects.is_some());
 
     // Released: the flood ends and the operator releases the service and the link.

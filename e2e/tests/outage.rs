@@ -426,6 +426,9 @@ async fn the_binary_logs_an_outage_once(outage: Duration) {
     eprintln!("Degraded {:?} after the kill", killed.elapsed());
     tokio::time::sleep(outage.saturating_sub(killed.elapsed())).await;
     assert_eq!(phase().await.as_deref(), Some("Degraded"), "still down");
+    // `floodgate status` says since when the remote has not answered.
+    let row = floodgate::cli::status::LinkRow::of_admin(&fg.link_state().await);
+    assert!(row.remote.starts_with("unreachable since 20"), "{row:?}");
     chaos.restart().await.expect("restart");
     let back = tokio::time::Instant::now();
     floodgate_e2e::until(10, "Healthy again", async || {

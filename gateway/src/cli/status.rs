@@ -56,6 +56,8 @@ pub struct LinkRow {
     pub name: String,
     /// `Healthy`, `Throttled`, `Quarantined`, `Degraded`, or `Unknown` before any status.
     pub phase: String,
+    /// Whether the remote answers: `reachable`, `unreachable since <time>`, or `unknown`.
+    pub remote: String,
     /// Services served.
     pub services: Option<i64>,
     /// Endpoints published.
@@ -102,9 +104,11 @@ impl LinkRow {
         let counters = s.counters.unwrap_or_default();
         let contained = s.contained_services.clone().unwrap_or_default();
         let ready = s.conditions.iter().find(|c| c.type_ == "Ready");
+        let phase = s.phase.map_or("Unknown".into(), |p| p.as_str().to_owned());
         Self {
             name,
-            phase: s.phase.map_or("Unknown".into(), |p| p.as_str().to_owned()),
+            remote: remote(&phase, s.conditions.iter().map(|c| c.message.as_str())),
+            phase,
             services: s.counters.as_ref().map(|_| counters.services),
             endpoints: s.counters.as_ref().map(|_| counters.endpoints_published),
             truncated: s.counters.as_ref().map(|_| counters.endpoints_truncated),
@@ -131,9 +135,12 @@ impl LinkRow {
         let contained: Vec<String> = (v["contained"].as_array().into_iter().flatten())
             .filter_map(|c| c["service"].as_str().map(str::to_owned))
             .collect();
+        let phase = s("/phase").unwrap_or_else(|| "Unknown".into());
+        let message = s("/message").unwrap_or_default();
         Self {
             name: s("/name").unwrap_or_default(),
-            phase: s("/phase").unwrap_or_else(|| "Unknown".into()),
+            remote: remote(&phase, std::iter::once(message.as_str())),
+            phase,
             services: n("/counters/services"),
             endpoints: n("/counters/endpointsPublished"),
             truncated: n("/counters/endpointsTruncated"),
@@ -150,8 +157,28 @@ impl LinkRow {
                 };
                 with_message(head, &s("/quarantine/message").unwrap_or_default())
             }),
-            message: s("/message").unwrap_or_default(),
+            message,
         }
+    }
+}
+
+/// Whether the remote answers, from the link's phase and what it says: a link says "the
+/// remote is unreachable since <time>: <why>" while its remote does not answer.
+fn remote<'a>(phase: &str, said: impl Iterator<Item = &'a str>) -> String {
+    const UNREACHABLE: &str = "unreachable since ";
+    for text in said {
+        if let Some(at) = text.find(UNREACHABLE) {
+            let rest = &text[at + UNREACHABLE.len()..];
+            // The time is the first word; a colon ends the sentence before the reason.
+            let since = rest.split(' ').next().unwrap_or(rest);
+            return format!("unreachable since {}", since.trim_end_matches(':'));
+        }
+    }
+    match phase {
+        "Unknown" => "unknown".into(),
+        // A quarantined link does not read its remote until it is released.
+        "Quarantined" => "-".into(),
+        _ => "reachable".into(),
     }
 }
 
@@ -261,6 +288,7 @@ pub fn table(rows: &[LinkRow]) -> String {
     let head = [
         "NAME",
         "PHASE",
+        "REMOTE",
         "SERVICES",
         "ENDPOINTS",
         "TRUNCATED",
@@ -280,6 +308,7 @@ pub fn table(rows: &[LinkRow]) -> String {
         cells.push(vec![
             r.name.clone(),
             r.phase.clone(),
+            r.remote.clone(),
             num(r.services),
             num(r.endpoints),
             num(r.truncated),
@@ -334,6 +363,7 @@ mod tests {
             LinkRow {
                 name: "east".into(),
                 phase: "Quarantined".into(),
+                remote: "-".into(),
                 services: Some(3),
                 endpoints: Some(9),
                 truncated: Some(2),
@@ -353,6 +383,20 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("NAME   PHASE"), "{text}");
         assert!(lines[1].contains("1 (prod/flood)"), "{text}");
+    }
+
+    #[test]
+    fn an_unreachable_remote_is_said_with_since_when() {
+        let v = serde_json::json!({
+            "name": "east", "phase": "Degraded",
+            "message": "the remote is unreachable since 2026-12-05T01:00:00Z: connection refused",
+        });
+        assert_eq!(
+            LinkRow::of_admin(&v).remote,
+            "unreachable since 2026-12-05T01:00:00Z"
+        );
+        let healthy = serde_json::json!({"name": "east", "phase": "Healthy"});
+        assert_eq!(LinkRow::of_admin(&healthy).remote, "reachable");
     }
 
     #[test]
