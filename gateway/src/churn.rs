@@ -701,4 +701,4 @@ fn earliest<const N: usize>(times: [Option<Instant>; N]) -> Option<Instant> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,28 +4,22 @@
 //! and the admin API. A link that cannot reach its remote retries with backoff and reports
 //! `Degraded`; nothing it does touches another link.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use floodgate_link_crd::{LinkSpec, Phase};
-use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::churn::flood::{Reason, Trigger};
-use crate::churn::quarantine::{RequestError, State, StateName, Transition};
-use crate::churn::{Counters, Engine};
+use crate::churn::flood::Trigger;
+use crate::churn::quarantine::{RequestError, Transition};
 use crate::kubeapi::ApiStore;
 use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::kubeapi::status::StatusError;
 use crate::model::NsName;
 use crate::persist::LinkDir;
-use crate::upstream::UpstreamCounters;
 use crate::view::{DEFAULT_HISTORY, View};
 
 /// Upstream messages waiting for the engine. When the engine falls behind, the watchers wait:
@@ -45,98 +39,12 @@ const CONNECT_BACKOFF: backon::ExponentialBuilder = backon::ExponentialBuilder::
     .with_jitter()
     .without_max_times();
 
+mod persist;
+mod state;
 mod task;
+mod wire;
 
-/// What a link shows the rest of Floodgate.
-#[derive(Clone, Debug, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LinkState {
-    /// Healthy, Throttled, Quarantined or Degraded.
-    pub phase: Phase,
-    /// True once the first complete upstream sync was published.
-    pub synced: bool,
-    /// Why the link is Degraded or Quarantined, for people.
-    pub message: String,
-    /// The quarantine reason, when quarantined.
-    pub quarantine_reason: Option<String>,
-    /// The engine's totals.
-    pub counters: Counters,
-    /// Relevant upstream events in the last complete second.
-    pub events_last_second: u64,
-    /// Upstream objects held.
-    pub objects_held: usize,
-    /// Upstream watch errors so far.
-    pub upstream_errors: u64,
-    /// Upstream relists so far (initial lists included).
-    pub upstream_relists: u64,
-    /// When the quarantine in force began (the engine's clock: convert at the edges).
-    #[serde(skip)]
-    pub quarantine_since: Option<Instant>,
-    /// The figures (measurements and thresholds) that tripped the quarantine in force.
-    pub quarantine_figures: BTreeMap<String, i64>,
-    /// The quarantine machine's state: `Active`, `Quarantined` or `Rechecking`.
-    pub quarantine_state: StateName,
-    /// The services contained now (at most `quarantine.when.containedServices` + 1: past that
-    /// the link is quarantined and contains no more), by name.
-    pub contained: Vec<ContainedService>,
-    /// Upstream objects held, by kind: what the link costs in memory.
-    pub objects_by_kind: BTreeMap<&'static str, usize>,
-    /// Quarantine state changes so far.
-    pub quarantine_transitions: u64,
-    /// Service containment transitions since the link started, by cause (`ServiceEventRate`,
-    /// `Released`, `RecheckPassed`..).
-    pub containment_transitions: BTreeMap<&'static str, u64>,
-    /// Upstream watch errors that were undecodable JSON.
-    pub upstream_decode_errors: u64,
-    /// Relists Floodgate forced: a watch that could not resume or lost a frame.
-    pub upstream_forced_relists: u64,
-    /// Upstream objects refused for being over the size limit.
-    pub upstream_oversized: u64,
-    /// Upstream pod events not decoded because no published endpoint names the pod.
-    pub upstream_pods_skipped: u64,
-    /// Objects applied or deleted upstream, per resource kind (initial lists included).
-    pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
-    /// How each upstream watcher takes its lists (`streaming` or `paged`), per resource kind.
-    pub upstream_list_strategies: BTreeMap<&'static str, &'static str>,
-    /// True once the link has reached its remote.
-    pub connected: bool,
-    /// True while the remote answers: connected, and no watcher failing (the link's health).
-    /// For `/metrics`.
-    #[serde(skip)]
-    pub upstream_reachable: bool,
-    /// Outages of the remote since the link started (each begins with a watcher's failure
-    /// and ends when the remote answers again). For `/metrics`.
-    #[serde(skip)]
-    pub upstream_outages: u64,
-    /// How long published changes waited, from their arrival to their publication. For
-    /// `/metrics`.
-    #[serde(skip)]
-    pub publication_delays: crate::churn::Delays,
-    /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
-    pub pending: usize,
-}
-
-/// A contained service, as the link shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainedService {
-    /// The service.
-    pub service: NsName,
-    /// `Contained` or `Rechecking`.
-    pub state: StateName,
-    /// What contained it.
-    pub reason: Reason,
-    /// For people.
-    pub message: String,
-    /// The measurements and thresholds that contained it.
-    pub figures: BTreeMap<String, i64>,
-    /// When it was contained (the engine's clock: convert at the edges).
-    #[serde(skip)]
-    pub since: Instant,
-    /// When its auto-release re-check starts, if it has one (the engine's clock).
-    #[serde(skip)]
-    pub next_check: Option<Instant>,
-}
+pub use state::{ContainedService, LinkState};
 
 /// An operator's request to a link.
 #[derive(Debug)]
@@ -327,17 +235,21 @@ pub fn spawn_restored(
         version: version_tx,
         has_servers: servers_tx,
     };
+    let wire = wire::Network {
+        selector: spec.select.services.clone(),
+    };
+    let link = task::LinkTask::new(
+        wire,
+        &spec,
+        view.clone(),
+        (dir, seed),
+        out,
+        (commands, shutdown),
+        connect,
+    );
     let task = tokio::spawn(
-        task::run(
-            spec,
-            connect,
-            view.clone(),
-            (dir, seed),
-            out,
-            commands,
-            shutdown,
-        )
-        .instrument(tracing::info_span!("link", link = %name)),
+        link.run()
+            .instrument(tracing::info_span!("link", link = %name)),
     );
     LinkHandle {
         name: name.to_owned(),
@@ -348,81 +260,6 @@ pub fn spawn_restored(
         transitions,
         commands: commands_tx,
         task,
-    }
-}
-
-fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
-    let (message, quarantine_reason) = match engine.state() {
-        State::Active => (String::new(), None),
-        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => (
-            q.trigger.message.clone(),
-            Some(q.trigger.reason.to_string()),
-        ),
-    };
-    LinkState {
-        phase: engine.phase(),
-        synced: engine.synced_once(),
-        message,
-        quarantine_reason,
-        counters: engine.counters(),
-        publication_delays: engine.publication_delays().clone(),
-        upstream_outages: counters.health.outages(),
-        upstream_reachable: false,
-        events_last_second: engine.events_last_second(),
-        objects_held: engine.objects_held(),
-        upstream_errors: counters.errors.load(Ordering::Relaxed),
-        upstream_relists: counters.relists.load(Ordering::Relaxed),
-        quarantine_since: match engine.state() {
-            State::Active => None,
-            State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => Some(q.since),
-        },
-        quarantine_figures: quarantine_figures(engine.state()),
-        quarantine_state: engine.state_name(),
-        contained: engine
-            .contained()
-            .into_iter()
-            .map(|c| ContainedService {
-                service: c.service,
-                state: c.state,
-                reason: c.quarantine.trigger.reason,
-                message: c.quarantine.trigger.message,
-                figures: c.quarantine.trigger.figures,
-                since: c.quarantine.since,
-                next_check: c.quarantine.next_check,
-            })
-            .collect(),
-        objects_by_kind: engine
-            .objects_by_kind()
-            .into_iter()
-            .map(|(k, n)| (k.name(), n))
-            .collect(),
-        quarantine_transitions: 0,
-        containment_transitions: BTreeMap::new(),
-        upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
-        upstream_forced_relists: counters.forced_relists.load(Ordering::Relaxed),
-        upstream_oversized: counters.oversized.load(Ordering::Relaxed),
-        upstream_pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
-        upstream_events_by_kind: crate::model::Kind::ALL
-            .iter()
-            .map(|k| (k.name(), counters.events_of(*k)))
-            .collect(),
-        upstream_list_strategies: crate::model::Kind::ALL
-            .iter()
-            .map(|k| (k.name(), counters.strategy_of(*k)))
-            .filter(|(_, s)| *s != crate::upstream::strategy::ListStrategy::Unknown)
-            .map(|(k, s)| (k, s.name()))
-            .collect(),
-        connected: true,
-        pending: engine.pending(),
-    }
-}
-
-fn quarantine_figures(state: &State) -> BTreeMap<String, i64> {
-    match state {
-        State::Active => BTreeMap::new(),
-        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => {
-            q.trigger.figures.clone()
-        }
     }
 }
 

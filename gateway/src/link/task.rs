@@ -2,29 +2,37 @@
 //! watchers, feed the engine, sleep until its next deadline, carry out its effects, save and
 //! clear its quarantine on disk, and publish its state.
 //!
-//! A link restored quarantined (from disk, or in cluster mode from a peer's view) serves its saved view at once, before the remote
-//! answers (which it may never do while the flood lasts), and starts its watchers only when
-//! released. Operators' requests are answered while the link is still connecting. New
-//! credentials ([`Command::Reconnect`]) replace the connection, not the view: the new upstream's
-//! first lists are relists to the engine.
+//! A link restored quarantined (from disk, or in cluster mode from a peer's view) serves its
+//! saved view at once, before the remote answers (which it may never do while the flood lasts),
+//! and starts its watchers only when released. Operators' requests are answered while the link
+//! is still connecting. New credentials ([`Command::Reconnect`]) replace the connection, not the
+//! view: the new upstream's first lists are relists to the engine.
+//!
+//! [`LinkTask`] is the task, as a type: [`LinkTask::next`] waits for what happens next
+//! ([`Happened`]) and [`LinkTask::handle`] carries it out, one method for each. What it does over
+//! the network is behind [`Wire`], so its tests run without sockets.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_link_crd::{LinkSpec, Phase};
+use futures_util::future::{BoxFuture, OptionFuture};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
-use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE, link_state};
-use crate::churn::quarantine::{State, Transition};
+use super::persist::{Persist, contained_snapshot, restore, save, spawn_persister};
+use super::state::{Tally, publish_state};
+use super::wire::{Dialed, Watchers as _, Wire};
+use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE};
+use crate::churn::quarantine::{RequestError, State, Transition};
+use crate::churn::restore::Saved;
 use crate::churn::{Change, Effect, Engine};
 use crate::model::Kind;
 use crate::model::wanted::WantedPods;
 use crate::persist::LinkDir;
-use crate::persist::contained::ContainedSnapshot;
-use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
+use crate::upstream::{Message, UpstreamCounters};
 use crate::view::View;
 use backon::BackoffBuilder as _;
 
@@ -37,288 +45,373 @@ pub(super) struct Outputs {
     pub has_servers: watch::Sender<bool>,
 }
 
-/// Saving and clearing a quarantine and the containments, in order, off the link's task (a view
-/// can be megabytes).
-enum Persist {
-    Save(crate::churn::quarantine::Quarantine, Instant),
-    Clear,
-    Contained(Vec<ContainedSnapshot>, Instant),
+/// An operator's answer, sent once its transition's effects are carried out and the new state
+/// is published: whoever reads the link after a 200 sees what the 200 said.
+type Answer = (
+    tokio::sync::oneshot::Sender<Result<Transition, RequestError>>,
+    Result<Transition, RequestError>,
+);
+
+/// What woke the link's task.
+enum Happened<R> {
+    /// The process is stopping.
+    Shutdown,
+    /// An operator's command, or the controller's.
+    Command(Command),
+    /// The remote answered.
+    Connected(Dialed<R>),
+    /// The upstream sent a change (more may be waiting behind it).
+    Changed(Message),
+    /// A deadline of the engine, a pod fetch ending, or the remote's health changing: the engine
+    /// is polled and the state published.
+    Woken,
 }
 
-/// Persistence requests waiting; transitions are rare, 8 is plenty, and a full queue makes the
-/// link wait rather than lose the order of save and clear.
-const PERSIST_QUEUE: usize = 8;
+/// A running link.
+pub(super) struct LinkTask<W: Wire> {
+    wire: Arc<W>,
+    engine: Engine,
+    out: Arc<Outputs>,
+    /// Saves and clears the quarantine and containments, with a state directory.
+    persist: Option<mpsc::Sender<Persist>>,
+    counters: Arc<UpstreamCounters>,
+    /// Wakes the task when the remote stops or starts answering.
+    health: watch::Receiver<Option<crate::upstream::health::Unreachable>>,
+    /// The pods the engine wants: the pod watcher decodes only those.
+    wanted: WantedPods,
+    /// The upstream's queue; each run of watchers gets a sender.
+    tx: mpsc::Sender<Message>,
+    rx: mpsc::Receiver<Message>,
+    commands: mpsc::Receiver<Command>,
+    shutdown: watch::Receiver<bool>,
+    /// Reaching the remote, until it answers.
+    connecting: Option<BoxFuture<'static, Dialed<W::Remote>>>,
+    remote: Option<W::Remote>,
+    /// The current upstream run: messages of earlier runs are told apart by it and dropped.
+    generation: u64,
+    upstream: Option<W::Watchers>,
+    /// Pod fetches the engine asked for; aborted with the upstream.
+    fetches: JoinSet<()>,
+    next_wake: Option<Instant>,
+    transitions: Tally,
+    /// When the link began, until its first sync is logged.
+    first_sync: Option<Instant>,
+    answer: Option<Answer>,
+}
 
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn run(
-    spec: LinkSpec,
-    connect: Connect,
-    view: View,
-    (dir, seed): (Option<LinkDir>, Option<crate::churn::restore::Saved>),
-    out: Outputs,
-    mut commands: mpsc::Receiver<Command>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let now = Instant::now();
-    // Until discovery says whether the remote serves Linkerd's Servers, expect every kind.
-    let mut engine = Engine::new(&spec, &Kind::ALL, view.clone(), now);
-    if let Some(saved) = seed {
-        engine.restore_quarantined(now, saved);
+impl<W: Wire> LinkTask<W> {
+    /// A link serving `view` that will connect with `connect`, restored from its state
+    /// directory or from `seed` when it was quarantined.
+    pub(super) fn new(
+        wire: W,
+        spec: &LinkSpec,
+        view: View,
+        (dir, seed): (Option<LinkDir>, Option<Saved>),
+        out: Outputs,
+        (commands, shutdown): (mpsc::Receiver<Command>, watch::Receiver<bool>),
+        connect: Connect,
+    ) -> Self {
+        let now = Instant::now();
+        // Until discovery says whether the remote serves Linkerd's Servers, expect every kind.
+        let mut engine = Engine::new(spec, &Kind::ALL, view.clone(), now);
+        restore(&mut engine, dir.as_ref(), seed, now);
+        let counters = Arc::new(UpstreamCounters::default());
+        let wanted = WantedPods::everything();
+        engine.mirror_wanted(wanted.clone());
+        let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
+        let mut task = Self {
+            wire: Arc::new(wire),
+            engine,
+            out: Arc::new(out),
+            persist: dir.map(|d| spawn_persister(d, view)),
+            health: counters.health.subscribe(),
+            counters,
+            wanted,
+            tx,
+            rx,
+            commands,
+            shutdown,
+            connecting: None,
+            remote: None,
+            generation: 1,
+            upstream: None,
+            fetches: JoinSet::new(),
+            next_wake: None,
+            transitions: Tally::default(),
+            first_sync: Some(now),
+            answer: None,
+        };
+        task.connect(connect);
+        task
     }
-    if let Some(d) = &dir {
-        match d.load(now) {
-            Ok(Some(saved)) => {
-                tracing::warn!(
-                    objects = saved.objects.len(),
-                    reason = %saved.trigger.reason,
-                    "restored a quarantine from disk: serving its view until released"
-                );
-                engine.restore_quarantined(now, saved);
-            }
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "ignoring the saved quarantine"),
-        }
-        match d.load_contained(now) {
-            Ok(saved) if !saved.is_empty() => {
-                tracing::warn!(
-                    services = saved.len(),
-                    "restored contained services from disk: serving their saved state until released"
-                );
-                engine.restore_contained(now, saved);
-            }
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "ignoring the saved containments"),
-        }
-    }
-    let persist = dir.map(|d| spawn_persister(d, view));
 
-    let counters = Arc::new(UpstreamCounters::default());
-    // Wakes the loop to publish the link's state when the remote stops or starts answering.
-    let mut unreachable = counters.health.subscribe();
-    // The pods the engine wants: the pod watcher decodes only those.
-    let wanted = WantedPods::everything();
-    engine.mirror_wanted(wanted.clone());
-    let (tx, mut rx) = mpsc::channel::<Message>(UPSTREAM_QUEUE);
-    let mut remote: Option<Remote> = None;
-    let mut connecting = std::pin::pin!(connect_with_backoff(
-        connect,
-        spec.select.services.clone(),
-        &out,
-    ));
-    let mut generation = 1;
-    let mut upstream: Option<Upstream> = None;
-    // Pod fetches the engine asked for; aborted with the link.
-    let mut fetches = JoinSet::new();
-    let mut next_wake: Option<Instant> = None;
-    let mut transitions = Tally::default();
-    // When the link began, until its first sync is logged.
-    let mut first_sync = Some(now);
-    // An operator's answer waits until its transition's effects are carried out and the new
-    // state is published: whoever reads the link after a 200 sees what the 200 said.
-    let mut answer = None;
-    loop {
-        publish_state(&engine, &counters, remote.is_some(), &transitions, &out);
+    /// Runs the link until shutdown.
+    pub(super) async fn run(mut self) {
+        loop {
+            self.publish_state();
+            let happened = self.next().await;
+            if matches!(happened, Happened::Shutdown) {
+                break;
+            }
+            self.handle(happened).await;
+        }
+        self.stop_upstream();
+        tracing::info!("link stopped");
+    }
+
+    /// Waits for what happens next.
+    async fn next(&mut self) -> Happened<W::Remote> {
         let far = Instant::now() + Duration::from_secs(3600);
+        let connecting = OptionFuture::from(self.connecting.as_mut());
         tokio::select! {
             biased;
-            _ = shutdown.changed() => break,
-            Some(cmd) = commands.recv() => {
-                let now = Instant::now();
-                let (result, reply) = match cmd {
-                    Command::Release(by, reply) => (engine.release(&by), reply),
-                    Command::ReleaseService(svc, by, reply) => {
-                        (engine.release_service(&svc, now, &by), reply)
-                    }
-                    // Both are carried out by the engine's next poll: now.
-                    Command::FollowContainment(svc, trigger) => {
-                        engine.follow_containment(&svc, now, trigger);
-                        next_wake = Some(now);
-                        continue;
-                    }
-                    Command::SetDeciding(deciding) => {
-                        engine.set_deciding(deciding);
-                        next_wake = Some(now);
-                        continue;
-                    }
-                    Command::Quarantine(msg, reply) => (engine.quarantine(now, &msg), reply),
-                    Command::Reconnect(super::Reconnect(c)) => {
-                        // Messages of the old upstream are told apart by their generation.
-                        tracing::info!("new credentials: reconnecting; the view keeps serving");
-                        upstream = None;
-                        fetches.abort_all();
-                        remote = None;
-                        generation += 1;
-                        connecting.set(connect_with_backoff(
-                            c,
-                            spec.select.services.clone(),
-                            &out,
-                        ));
-                        continue;
-                    }
-                };
-                // The transition's effects are carried out below with the engine's others.
-                answer = Some((reply, result));
-            }
-            r = &mut connecting, if remote.is_none() => {
-                tracing::info!(servers = r.has_servers, "connected to the remote");
-                engine.set_kinds(&r.kinds());
-                if !matches!(engine.state(), State::Quarantined(_)) {
-                    upstream = Some(upstream::start(&r, generation, tx.clone(), counters.clone(), wanted.clone()));
-                }
-                remote = Some(r);
-            }
-            Some(msg) = rx.recv() => {
-                let now = Instant::now();
-                if msg.generation == generation {
-                    take(&mut engine, upstream.as_ref(), msg.change, now);
-                }
-                for _ in 0..BATCH {
-                    match rx.try_recv() {
-                        Ok(m) if m.generation == generation => {
-                            take(&mut engine, upstream.as_ref(), m.change, now);
-                        }
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
+            _ = self.shutdown.changed() => Happened::Shutdown,
+            Some(cmd) = self.commands.recv() => Happened::Command(cmd),
+            Some(remote) = connecting => Happened::Connected(remote),
+            Some(msg) = self.rx.recv() => Happened::Changed(msg),
+            () = sleep_until(self.next_wake.unwrap_or(far)) => Happened::Woken,
+            Some(_) = self.fetches.join_next(), if !self.fetches.is_empty() => Happened::Woken,
+            Ok(()) = self.health.changed() => Happened::Woken,
+        }
+    }
+
+    /// Carries out what happened, then polls the engine and carries out its effects.
+    async fn handle(&mut self, happened: Happened<W::Remote>) {
+        match happened {
+            Happened::Shutdown => return,
+            Happened::Command(cmd) => {
+                if !self.command(cmd) {
+                    return;
                 }
             }
-            () = sleep_until(next_wake.unwrap_or(far)) => {}
-            Some(_) = fetches.join_next(), if !fetches.is_empty() => {}
-            Ok(()) = unreachable.changed() => {}
+            Happened::Connected(dialed) => self.connected(dialed),
+            Happened::Changed(first) => self.changed(first),
+            Happened::Woken => {}
         }
         let now = Instant::now();
-        next_wake = engine.poll(now);
-        if let Some(began) = first_sync.filter(|_| engine.synced_once()) {
-            first_sync = None;
-            let held = engine
-                .objects_by_kind()
-                .map(|(k, n)| format!("{}={n}", k.name()));
-            tracing::info!(
-                took = ?now.duration_since(began),
-                objects = %held.join(" "),
-                services = engine.counters().services,
-                contained = engine.contained_count(),
-                "first sync complete: serving the view"
-            );
+        self.next_wake = self.engine.poll(now);
+        self.log_first_sync(now);
+        for effect in self.engine.take_effects() {
+            self.effect(effect, now).await;
         }
-        for effect in engine.take_effects() {
-            match effect {
-                Effect::StopUpstream => {
-                    upstream = None;
-                    fetches.abort_all();
-                    tracing::warn!("upstream stopped: the link is quarantined");
-                }
-                Effect::StartUpstream => {
-                    generation += 1;
-                    if let Some(r) = &remote {
-                        upstream = Some(upstream::start(
-                            r,
-                            generation,
-                            tx.clone(),
-                            counters.clone(),
-                            wanted.clone(),
-                        ));
-                        tracing::info!(generation, "upstream restarted");
-                    }
-                }
-                Effect::FetchPods(pods) => {
-                    if let Some(r) = &remote {
-                        tracing::debug!(pods = pods.len(), "fetching pods kept endpoints point at");
-                        fetches.spawn(tracing::Instrument::in_current_span(upstream::fetch_pods(
-                            r.client.clone(),
-                            pods,
-                            generation,
-                            tx.clone(),
-                            counters.clone(),
-                        )));
-                    }
-                }
-                Effect::Transition(t) if t.service.is_some() => {
-                    let svc = t.service.as_ref().map(ToString::to_string);
-                    tracing::warn!(service = svc.as_deref().unwrap_or_default(), from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "service containment changed");
-                    *transitions.services.entry(t.reason.as_str()).or_default() += 1;
-                    if let Some(p) = &persist {
-                        let _ = p
-                            .send(Persist::Contained(contained_snapshot(&engine), now))
-                            .await;
-                    }
-                    // No receiver (standalone mode) is fine.
-                    let _ = out.transitions.send(t);
-                }
-                Effect::Transition(t) => {
-                    transitions.link += 1;
-                    tracing::warn!(from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "quarantine state changed");
-                    if let Some(p) = &persist {
-                        let op = match engine.state() {
-                            State::Quarantined(q) => Some(Persist::Save(q.clone(), now)),
-                            State::Active => Some(Persist::Clear),
-                            State::Rechecking { .. } => None,
-                        };
-                        if let Some(op) = op {
-                            let _ = p.send(op).await;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some((reply, result)) = answer.take() {
-            publish_state(&engine, &counters, remote.is_some(), &transitions, &out);
+        if let Some((reply, result)) = self.answer.take() {
+            self.publish_state();
             let _ = reply.send(result);
         }
     }
-    drop(upstream);
-    fetches.abort_all();
-    tracing::info!("link stopped");
-}
 
-/// Ingests one upstream change; a first list's end, once taken in, may open the pod watcher.
-fn take(engine: &mut Engine, upstream: Option<&Upstream>, change: Change, now: Instant) {
-    let done = match &change {
-        Change::InitDone(kind) => Some(*kind),
-        _ => None,
-    };
-    engine.ingest(change, now);
-    if let (Some(kind), Some(u)) = (done, upstream) {
-        u.listed(kind);
+    /// Takes a command in; false when there is nothing more to do for it now.
+    fn command(&mut self, cmd: Command) -> bool {
+        let now = Instant::now();
+        let (result, reply) = match cmd {
+            Command::Release(by, reply) => (self.engine.release(&by), reply),
+            Command::ReleaseService(svc, by, reply) => {
+                (self.engine.release_service(&svc, now, &by), reply)
+            }
+            // Both are carried out by the engine's next poll: now.
+            Command::FollowContainment(svc, trigger) => {
+                self.engine.follow_containment(&svc, now, trigger);
+                self.next_wake = Some(now);
+                return false;
+            }
+            Command::SetDeciding(deciding) => {
+                self.engine.set_deciding(deciding);
+                self.next_wake = Some(now);
+                return false;
+            }
+            Command::Quarantine(msg, reply) => (self.engine.quarantine(now, &msg), reply),
+            Command::Reconnect(super::Reconnect(connect)) => {
+                tracing::info!("new credentials: reconnecting; the view keeps serving");
+                self.stop_upstream();
+                self.remote = None;
+                // Messages of the old upstream are told apart by their generation.
+                self.generation += 1;
+                self.connect(connect);
+                return false;
+            }
+        };
+        // The transition's effects are carried out with the engine's others.
+        self.answer = Some((reply, result));
+        true
+    }
+
+    /// Reaches the remote with `connect`, retrying with backoff until it answers.
+    fn connect(&mut self, connect: Connect) {
+        self.connecting = Some(Box::pin(connect_with_backoff(
+            self.wire.clone(),
+            connect,
+            self.out.clone(),
+        )));
+    }
+
+    /// The remote answered: the watchers start, unless the link is quarantined.
+    fn connected(&mut self, dialed: Dialed<W::Remote>) {
+        self.connecting = None;
+        tracing::info!(
+            servers = dialed.kinds.contains(&Kind::Server),
+            "connected to the remote"
+        );
+        self.out.version.send_replace(dialed.version);
+        (self.out.has_servers).send_replace(dialed.kinds.contains(&Kind::Server));
+        self.engine.set_kinds(&dialed.kinds);
+        self.remote = Some(dialed.remote);
+        if !matches!(self.engine.state(), State::Quarantined(_)) {
+            self.start_upstream();
+        }
+    }
+
+    /// Takes in `first` and the changes queued behind it, up to a batch; those of an earlier
+    /// upstream run are dropped.
+    fn changed(&mut self, first: Message) {
+        let now = Instant::now();
+        self.take(first, now);
+        for _ in 0..BATCH {
+            match self.rx.try_recv() {
+                Ok(m) => self.take(m, now),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Ingests one upstream change; a first list's end, once taken in, may open the pod
+    /// watcher.
+    fn take(&mut self, msg: Message, now: Instant) {
+        if msg.generation != self.generation {
+            return;
+        }
+        let listed = match &msg.change {
+            Change::InitDone(kind) => Some(*kind),
+            _ => None,
+        };
+        self.engine.ingest(msg.change, now);
+        if let (Some(kind), Some(u)) = (listed, &self.upstream) {
+            u.listed(kind);
+        }
+    }
+
+    /// Carries out one of the engine's effects.
+    async fn effect(&mut self, effect: Effect, now: Instant) {
+        match effect {
+            Effect::StopUpstream => {
+                self.stop_upstream();
+                tracing::warn!("upstream stopped: the link is quarantined");
+            }
+            Effect::StartUpstream => {
+                self.generation += 1;
+                if self.remote.is_some() {
+                    self.start_upstream();
+                    tracing::info!(generation = self.generation, "upstream restarted");
+                }
+            }
+            Effect::FetchPods(pods) => {
+                if let Some(r) = &self.remote {
+                    tracing::debug!(pods = pods.len(), "fetching pods kept endpoints point at");
+                    let fetch = self.wire.fetch_pods(
+                        r,
+                        pods,
+                        self.generation,
+                        self.tx.clone(),
+                        self.counters.clone(),
+                    );
+                    self.fetches
+                        .spawn(tracing::Instrument::in_current_span(fetch));
+                }
+            }
+            Effect::Transition(t) if t.service.is_some() => {
+                let svc = t.service.as_ref().map(ToString::to_string);
+                tracing::warn!(service = svc.as_deref().unwrap_or_default(), from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "service containment changed");
+                *self
+                    .transitions
+                    .services
+                    .entry(t.reason.as_str())
+                    .or_default() += 1;
+                save(
+                    self.persist.as_ref(),
+                    Persist::Contained(contained_snapshot(&self.engine), now),
+                )
+                .await;
+                // No receiver (standalone mode) is fine.
+                let _ = self.out.transitions.send(t);
+            }
+            Effect::Transition(t) => {
+                self.transitions.link += 1;
+                tracing::warn!(from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, message = %t.message, "quarantine state changed");
+                match self.engine.state() {
+                    State::Quarantined(q) => {
+                        save(self.persist.as_ref(), Persist::Save(q.clone(), now)).await;
+                    }
+                    State::Active => save(self.persist.as_ref(), Persist::Clear).await,
+                    State::Rechecking { .. } => {}
+                }
+            }
+        }
+    }
+
+    /// Starts a run of watchers on the connected remote.
+    fn start_upstream(&mut self) {
+        if let Some(r) = &self.remote {
+            self.upstream = Some(self.wire.watch(
+                r,
+                self.generation,
+                self.tx.clone(),
+                self.counters.clone(),
+                self.wanted.clone(),
+            ));
+        }
+    }
+
+    /// Stops the watchers and the pod fetches.
+    fn stop_upstream(&mut self) {
+        self.upstream = None;
+        self.fetches.abort_all();
+    }
+
+    /// Logs the first sync once, with what it took.
+    fn log_first_sync(&mut self, now: Instant) {
+        let Some(began) = self.first_sync.filter(|_| self.engine.synced_once()) else {
+            return;
+        };
+        self.first_sync = None;
+        let held = (self.engine.objects_by_kind()).map(|(k, n)| format!("{}={n}", k.name()));
+        tracing::info!(
+            took = ?now.duration_since(began),
+            objects = %held.join(" "),
+            services = self.engine.counters().services,
+            contained = self.engine.contained_count(),
+            "first sync complete: serving the view"
+        );
+    }
+
+    fn publish_state(&self) {
+        publish_state(
+            &self.engine,
+            &self.counters,
+            self.remote.is_some(),
+            &self.transitions,
+            &self.out,
+        );
     }
 }
 
-/// The transitions a link has made since it started.
-#[derive(Debug, Default)]
-struct Tally {
-    /// Of the link's quarantine.
-    link: u64,
-    /// Of its services' containment, by cause.
-    services: std::collections::BTreeMap<&'static str, u64>,
-}
-
-/// Connects until the remote answers `/version` and discovery. Errors are reported in the
+/// Connects until the remote answers (`/version` and discovery, over the network). Errors are reported in the
 /// link's state as they happen (a quarantined link keeps its quarantine message); the future
 /// only ends with a remote.
-async fn connect_with_backoff(
+async fn connect_with_backoff<W: Wire>(
+    wire: Arc<W>,
     connect: Connect,
-    selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-    out: &Outputs,
-) -> Remote {
+    out: Arc<Outputs>,
+) -> Dialed<W::Remote> {
     let mut backoffs = CONNECT_BACKOFF.build();
     // The first failure is logged at WARN, the retries at DEBUG, and once more at WARN if the
     // remote stays away past a minute.
     let mut failing: Option<(Instant, bool)> = None;
     loop {
-        let attempt = async {
-            let client = connect().await?;
-            let version = client.apiserver_version().await?;
-            let remote = Remote::discover(client, &selector).await?;
-            anyhow::Ok((remote, version))
-        };
-        match attempt.await {
-            Ok((remote, version)) => {
+        match wire.dial(&connect).await {
+            Ok(dialed) => {
                 if let Some((since, _)) = failing {
                     tracing::info!(away = ?since.elapsed(), "the remote answers again");
                 }
-                out.version.send_replace(serde_json::to_value(version).ok());
-                out.has_servers.send_replace(remote.has_servers);
-                return remote;
+                return dialed;
             }
             Err(e) => {
                 match &mut failing {
@@ -327,7 +420,7 @@ async fn connect_with_backoff(
                         failing = Some((Instant::now(), false));
                     }
                     Some((since, noted @ false))
-                        if since.elapsed() >= upstream::health::LONG_OUTAGE =>
+                        if since.elapsed() >= crate::upstream::health::LONG_OUTAGE =>
                     {
                         tracing::warn!(error = %e, away = ?since.elapsed(), "the remote is still unreachable");
                         *noted = true;
@@ -348,97 +441,5 @@ async fn connect_with_backoff(
     }
 }
 
-/// Publishes the link's state. Until the remote answers, the link is Degraded (unless it is
-/// quarantined) and keeps the message the connect loop wrote; once connected, it is Degraded
-/// while its watchers cannot reach the remote (the view is served all the same).
-fn publish_state(
-    engine: &Engine,
-    counters: &UpstreamCounters,
-    connected: bool,
-    transitions: &Tally,
-    out: &Outputs,
-) {
-    let mut state = link_state(engine, counters);
-    state.connected = connected;
-    state.upstream_reachable = connected && counters.health.unreachable().is_none();
-    state.quarantine_transitions = transitions.link;
-    state
-        .containment_transitions
-        .clone_from(&transitions.services);
-    let quarantined = state.phase == Phase::Quarantined;
-    if let (Some(u), true, false) = (counters.health.unreachable(), connected, quarantined) {
-        state.phase = Phase::Degraded;
-        state.message = u.to_string();
-    }
-    out.state.send_if_modified(|s| {
-        if !connected && !quarantined {
-            state.phase = Phase::Degraded;
-            state.message.clone_from(&s.message);
-        }
-        let changed = s.phase != state.phase
-            || s.synced != state.synced
-            || s.counters != state.counters
-            || s.upstream_list_strategies != state.upstream_list_strategies
-            || s.message != state.message
-            || s.connected != state.connected
-            || s.upstream_reachable != state.upstream_reachable
-            || s.upstream_outages != state.upstream_outages
-            || s.pending != state.pending
-            || s.quarantine_transitions != state.quarantine_transitions
-            || s.containment_transitions != state.containment_transitions
-            || s.contained != state.contained
-            || s.objects_by_kind != state.objects_by_kind;
-        *s = state;
-        changed
-    });
-}
-
-/// The contained services with the state each published, as served, to save.
-fn contained_snapshot(engine: &Engine) -> Vec<ContainedSnapshot> {
-    engine
-        .contained()
-        .into_iter()
-        .map(|c| ContainedSnapshot {
-            objects: engine
-                .published_keys(&c.service)
-                .iter()
-                .filter_map(|k| engine.view().get(k))
-                .filter_map(|s| serde_json::from_slice(&s.json()).ok())
-                .collect(),
-            service: c.service,
-            trigger: c.quarantine.trigger,
-            since: c.quarantine.since,
-            cooldown: c.quarantine.cooldown,
-        })
-        .collect()
-}
-
-fn spawn_persister(dir: LinkDir, view: View) -> mpsc::Sender<Persist> {
-    let (tx, mut rx) = mpsc::channel::<Persist>(PERSIST_QUEUE);
-    tokio::spawn(async move {
-        while let Some(op) = rx.recv().await {
-            let (d, view) = (dir.clone(), view.clone());
-            let (what, result) = match op {
-                // The view is frozen while quarantined: what it holds now is what is served.
-                Persist::Save(q, now) => (
-                    "saving the quarantine",
-                    tokio::task::spawn_blocking(move || d.save(&q, now, &view)).await,
-                ),
-                Persist::Clear => (
-                    "clearing the quarantine",
-                    tokio::task::spawn_blocking(move || d.clear()).await,
-                ),
-                Persist::Contained(services, now) => (
-                    "saving the contained services",
-                    tokio::task::spawn_blocking(move || d.save_contained(services, now)).await,
-                ),
-            };
-            match result {
-                Ok(Ok(())) => tracing::info!("{what} on disk: done"),
-                Ok(Err(e)) => tracing::error!(error = %e, "{what} on disk failed"),
-                Err(e) => tracing::error!(error = %e, "the quarantine writer panicked"),
-            }
-        }
-    });
-    tx
-}
+#[cfg(test)]
+mod tests;
