@@ -84,7 +84,7 @@ impl Stack {
     /// name are fetched and nothing is pending.
     pub async fn settled(&self) -> anyhow::Result<floodgate::link::LinkState> {
         self.wait_link("settled", Duration::from_secs(10), |s| {
-            s.pending == 0 && s.counters.pods_fetched as usize <= pods_held(s)
+            s.engine.pending == 0 && s.counters.pods_fetched as usize <= pods_held(s)
         })
         .await
     }
@@ -117,7 +117,7 @@ impl Stack {
 }
 
 fn pods_held(s: &floodgate::link::LinkState) -> usize {
-    s.objects_by_kind.get("Pod").copied().unwrap_or(0)
+    s.engine.objects_by_kind.get("Pod").copied().unwrap_or(0)
 }
 
 /// Starts Floodgate with one link, `east`, whose remote is reached with `remote_kubeconfig`

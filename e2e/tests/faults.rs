@@ -121,7 +121,7 @@ async fn the_remote_killed_and_restarted_on_the_same_port() {
     annotate(stack.sim.store(), "web", "while-down");
     holds(&stack, &before).await;
     until(10, "the link notices the remote is gone", async || {
-        stack.link().upstream_errors > 0
+        stack.link().upstream.errors > 0
     })
     .await;
 
@@ -197,7 +197,7 @@ async fn resource_versions_going_backwards_are_relisted() {
         "the forced relist was logged:\n{}",
         logs.text()
     );
-    assert!(stack.link().upstream_forced_relists >= 1, "and counted");
+    assert!(stack.link().upstream.forced_relists >= 1, "and counted");
 }
 
 /// A storm of 500s, then one of 429s with Retry-After: the consumer keeps the last view; the
@@ -206,7 +206,7 @@ async fn resource_versions_going_backwards_are_relisted() {
 async fn storms_of_500_and_429_keep_the_last_view() {
     let (stack, _cluster) = stack(104).await;
     let store = stack.sim.store().clone();
-    let errors = stack.link().upstream_errors;
+    let errors = stack.link().upstream.errors;
 
     store.set_failing(Some(StatusError::new(
         Reason::InternalError,
@@ -215,7 +215,7 @@ async fn storms_of_500_and_429_keep_the_last_view() {
     annotate(&store, "web", "after-500s");
     holds(&stack, &view(&[("api", ""), ("web", "")])).await;
     until(10, "the link counts the 500s", async || {
-        stack.link().upstream_errors > errors
+        stack.link().upstream.errors > errors
     })
     .await;
     store.set_failing(None);
@@ -246,11 +246,11 @@ async fn a_410_storm_relists_and_publishes_nothing() {
     let (stack, _cluster) = stack(105).await;
     annotate(stack.sim.store(), "web", "before-410s");
     converges(&stack, 20, &view(&[("api", ""), ("web", "before-410s")])).await;
-    let relists = stack.link().upstream_relists;
+    let relists = stack.link().upstream.relists;
     let rv = stack.view().resource_version();
     stack.sim.store().expire_all_watches();
     until(30, "the watchers behind relisted", async || {
-        stack.link().upstream_relists >= relists + 4
+        stack.link().upstream.relists >= relists + 4
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -292,7 +292,7 @@ async fn malformed_watch_frames_force_a_relist() {
         "each relist was logged with its link and kind:\n{}",
         logs.text()
     );
-    assert!(stack.link().upstream_decode_errors >= 2);
+    assert!(stack.link().upstream.decode_errors >= 2);
 }
 
 /// A watch cut in the middle of a frame (half a line, then the end): the watcher resumes from
@@ -330,7 +330,7 @@ async fn an_oversized_object_is_refused_and_the_link_goes_on() {
     .await;
     annotate(stack.sim.store(), "api", "small");
     converges(&stack, 20, &view(&[("api", "small"), ("web", "")])).await;
-    assert_eq!(stack.link().upstream_oversized, 1, "the refusal is counted");
+    assert_eq!(stack.link().upstream.oversized, 1, "the refusal is counted");
     alive(&stack);
 }
 
@@ -374,9 +374,9 @@ async fn a_pod_of_the_wrong_shape_is_refused_and_the_link_goes_on() {
     })
     .await;
     let link = stack.link();
-    assert_eq!(link.upstream_decode_errors, 1, "the refusal is counted");
+    assert_eq!(link.upstream.decode_errors, 1, "the refusal is counted");
     assert_eq!(
-        link.upstream_forced_relists, 0,
+        link.upstream.forced_relists, 0,
         "nothing was relisted for it"
     );
     alive(&stack);

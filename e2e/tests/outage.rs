@@ -89,7 +89,7 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
         "consumers saw nothing during the outage"
     );
     assert!(
-        stack.link().upstream_errors > 0,
+        stack.link().upstream.errors > 0,
         "the link saw the failures"
     );
 
@@ -128,11 +128,11 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
     );
 
     // A 410 storm: every watcher relists; nothing changed, so nothing is published.
-    let relists = stack.link().upstream_relists;
+    let relists = stack.link().upstream.relists;
     let rv = view.resource_version();
     store.expire_all_watches();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while stack.link().upstream_relists < relists + 5 {
+    while stack.link().upstream.relists < relists + 5 {
         assert!(tokio::time::Instant::now() < deadline, "the link relisted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -296,7 +296,7 @@ async fn s1_a_flood_behind_an_unselected_service_reaches_nobody() {
     // nothing of it went out.
     stack
         .wait_link("the flood seen", Duration::from_secs(20), |s| {
-            s.counters.irrelevant_events + s.upstream_pods_skipped >= 10_000
+            s.counters.irrelevant_events + s.upstream.pods_skipped >= 10_000
         })
         .await
         .expect("the link saw the flood");
@@ -309,16 +309,16 @@ async fn s1_a_flood_behind_an_unselected_service_reaches_nobody() {
     );
     // Each pod event is dropped: undecoded at the watcher (no published endpoint names the
     // pod), or by the engine.
-    let dropped = link.counters.irrelevant_events + link.upstream_pods_skipped;
+    let dropped = link.counters.irrelevant_events + link.upstream.pods_skipped;
     assert!(
         dropped >= 10_000,
         "the pods were seen and dropped: {dropped}; {:?}",
         link.counters
     );
     assert!(
-        link.objects_held < 100,
+        link.engine.objects_held < 100,
         "no pod of the flood is held: {}",
-        link.objects_held
+        link.engine.objects_held
     );
     assert_eq!(link.phase, Phase::Healthy, "{link:?}");
 }
@@ -411,7 +411,7 @@ async fn s1_an_exported_flood_is_contained_while_calm_services_flow() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let link = stack.link();
         assert_ne!(link.phase, Phase::Quarantined, "{link:?}");
-        if contained_at.is_none() && !link.contained.is_empty() {
+        if contained_at.is_none() && !link.containment.contained.is_empty() {
             contained_at = Some(started.elapsed());
             frozen = Some(injector_served(&stack));
         }
@@ -420,6 +420,7 @@ async fn s1_an_exported_flood_is_contained_while_calm_services_flow() {
     let link = stack.link();
     let contained_after = contained_at.expect("the injector was contained");
     let names: Vec<String> = link
+        .containment
         .contained
         .iter()
         .map(|c| c.service.to_string())
@@ -451,7 +452,7 @@ async fn s1_an_exported_flood_is_contained_while_calm_services_flow() {
     assert!(link.synced, "{link:?}");
     eprintln!(
         "S1 exported: injector contained after {contained_after:?} ({}); calm changes visible after {calm:?}; {updates} publications in {:?}; {injector} injector endpoints served",
-        link.contained[0].reason,
+        link.containment.contained[0].reason,
         started.elapsed()
     );
 }
@@ -529,11 +530,12 @@ async fn a_floodgate_started_during_a_flood_syncs_and_contains_the_flooder() {
     }
     let link = stack
         .wait_link("the injector contained", Duration::from_secs(20), |s| {
-            !s.contained.is_empty()
+            !s.containment.contained.is_empty()
         })
         .await
         .expect("contained");
     let names: Vec<String> = link
+        .containment
         .contained
         .iter()
         .map(|c| c.service.to_string())
@@ -549,7 +551,7 @@ async fn a_floodgate_started_during_a_flood_syncs_and_contains_the_flooder() {
     let _cluster = flood.await.expect("the flood task");
     eprintln!(
         "cold start during a flood: ready after {ready:?}; streaming-list informer synced in {informer_synced:?}; injector contained ({}), {injector} endpoints served",
-        link.contained[0].reason
+        link.containment.contained[0].reason
     );
 }
 

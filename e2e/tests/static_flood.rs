@@ -29,6 +29,7 @@ async fn a_service_over_its_threshold_at_the_start_is_contained_and_served_whole
     floodgate_e2e::until(5, "the injector is contained", async || {
         stack
             .link()
+            .containment
             .contained
             .iter()
             .any(|c| c.service.to_string() == "prod/injector")

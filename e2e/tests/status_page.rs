@@ -194,7 +194,7 @@ async fn the_status_page_releases_a_quarantined_link_and_a_contained_service_in_
     cluster.scale("injector", 12, true);
     stack
         .wait_link("the injector contained", Duration::from_secs(20), |s| {
-            !s.contained.is_empty()
+            !s.containment.contained.is_empty()
         })
         .await
         .expect("contained");
@@ -213,7 +213,7 @@ async fn the_status_page_releases_a_quarantined_link_and_a_contained_service_in_
     .await;
     stack
         .wait_link("the service released", Duration::from_secs(20), |s| {
-            s.contained.is_empty()
+            s.containment.contained.is_empty()
         })
         .await
         .expect("released");

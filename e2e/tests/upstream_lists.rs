@@ -36,10 +36,10 @@ async fn syncs_and_follows(refusing: bool) {
     let state = stack.link();
     for kind in ["Service", "EndpointSlice", "Endpoints", "Pod", "ReplicaSet"] {
         assert_eq!(
-            state.upstream_list_strategies.get(kind).copied(),
+            state.upstream.list_strategies.get(kind).copied(),
             Some(want),
             "{kind}: {:?}",
-            state.upstream_list_strategies
+            state.upstream.list_strategies
         );
     }
     let lists = stack.sim.api.counters.snapshot().lists;

@@ -199,7 +199,8 @@ fn summary(link: &MirrorLink) -> LinkSummary {
         name: link.name.clone(),
         phase: s.phase.as_str().to_owned(),
         reason: s
-            .quarantine_reason
+            .quarantine
+            .reason
             .clone()
             .unwrap_or_else(|| s.message.clone()),
         services: c.services,

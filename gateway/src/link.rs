@@ -44,7 +44,9 @@ mod state;
 mod task;
 mod wire;
 
-pub use state::{ContainedService, LinkState};
+pub use state::{
+    ContainedService, ContainmentStatus, EngineStatus, LinkState, QuarantineStatus, UpstreamStatus,
+};
 
 /// An operator's request to a link.
 #[derive(Debug)]

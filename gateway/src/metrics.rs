@@ -218,7 +218,7 @@ impl Collector for LinkCollector {
             "upstream_resource_events",
             "Upstream objects applied or deleted, by resource (initial lists included).",
             samples.iter().flat_map(|s| {
-                s.state.upstream_events_by_kind.iter().map(move |(k, v)| {
+                s.state.upstream.events_by_kind.iter().map(move |(k, v)| {
                     (
                         vec![("link", s.name.clone()), ("resource", (*k).to_owned())],
                         *v,
@@ -272,14 +272,14 @@ impl Collector for LinkCollector {
             &mut enc,
             "upstream_objects",
             "Upstream objects the link holds.",
-            per_link(|s| s.state.objects_held as u64),
+            per_link(|s| s.state.engine.objects_held as u64),
         )?;
         gauge(
             &mut enc,
             "upstream_objects_by_resource",
             "Upstream objects the link holds, by resource.",
             samples.iter().flat_map(|s| {
-                s.state.objects_by_kind.iter().map(move |(k, v)| {
+                s.state.engine.objects_by_kind.iter().map(move |(k, v)| {
                     (
                         vec![("link", s.name.clone()), ("resource", (*k).to_owned())],
                         *v as u64,
@@ -297,7 +297,7 @@ impl Collector for LinkCollector {
             &mut enc,
             "upstream_events_last_second",
             "Relevant upstream events in the last complete second.",
-            per_link(|s| s.state.events_last_second),
+            per_link(|s| s.state.engine.events_last_second),
         )?;
         gauge(
             &mut enc,
@@ -309,7 +309,7 @@ impl Collector for LinkCollector {
             &mut enc,
             "link_quarantined",
             "1 while the link is quarantined (re-checks included).",
-            per_link(|s| u64::from(s.state.quarantine_since.is_some())),
+            per_link(|s| u64::from(s.state.quarantine.since.is_some())),
         )?;
         gauge(
             &mut enc,
@@ -328,13 +328,13 @@ impl Collector for LinkCollector {
             &mut enc,
             "quarantine_transitions",
             "Quarantine state changes (quarantined, re-checking, released).",
-            per_link(|s| s.state.quarantine_transitions),
+            per_link(|s| s.state.quarantine.transitions),
         )?;
         gauge(
             &mut enc,
             "services_contained",
             "Services contained now: served at their last published state until released.",
-            per_link(|s| s.state.contained.len() as u64),
+            per_link(|s| s.state.containment.contained.len() as u64),
         )?;
         counter(
             &mut enc,
@@ -342,7 +342,7 @@ impl Collector for LinkCollector {
             "Service containment changes, by reason (contained, re-checking, released).",
             samples.iter().flat_map(|s| {
                 CONTAINMENT_REASONS.iter().map(move |r| {
-                    let n = s.state.containment_transitions.get(r).copied();
+                    let n = s.state.containment.transitions.get(r).copied();
                     (
                         vec![("link", s.name.clone()), ("reason", (*r).to_owned())],
                         n.unwrap_or(0),
@@ -360,37 +360,37 @@ impl Collector for LinkCollector {
             &mut enc,
             "upstream_errors",
             "Upstream watch errors, each followed by a reconnect with backoff.",
-            per_link(|s| s.state.upstream_errors),
+            per_link(|s| s.state.upstream.errors),
         )?;
         counter(
             &mut enc,
             "upstream_relists",
             "Upstream relists (initial lists included).",
-            per_link(|s| s.state.upstream_relists),
+            per_link(|s| s.state.upstream.relists),
         )?;
         counter(
             &mut enc,
             "upstream_decode_errors",
             "Upstream watch errors caused by JSON the client could not decode.",
-            per_link(|s| s.state.upstream_decode_errors),
+            per_link(|s| s.state.upstream.decode_errors),
         )?;
         counter(
             &mut enc,
             "upstream_forced_relists",
             "Upstream relists Floodgate forced: a resume refused with 410 or 504, or a watch frame lost.",
-            per_link(|s| s.state.upstream_forced_relists),
+            per_link(|s| s.state.upstream.forced_relists),
         )?;
         counter(
             &mut enc,
             "upstream_oversized",
             "Upstream objects refused for being over the size limit.",
-            per_link(|s| s.state.upstream_oversized),
+            per_link(|s| s.state.upstream.oversized),
         )?;
         counter(
             &mut enc,
             "upstream_pods_skipped",
             "Upstream pod events not decoded because no published endpoint names the pod.",
-            per_link(|s| s.state.upstream_pods_skipped),
+            per_link(|s| s.state.upstream.pods_skipped),
         )?;
         counter(
             &mut enc,
@@ -414,7 +414,7 @@ fn signals(enc: &mut DescriptorEncoder<'_>, samples: &[Sample]) -> std::fmt::Res
             MetricType::Histogram,
         )?;
         for s in samples {
-            let d = &s.state.publication_delays;
+            let d = &s.state.engine.publication_delays;
             m.encode_family(&link(s))?
                 .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
                     d.sum,
@@ -428,13 +428,13 @@ fn signals(enc: &mut DescriptorEncoder<'_>, samples: &[Sample]) -> std::fmt::Res
         enc,
         "upstream_reachable",
         "1 while the remote answers (connected, no watcher failing).",
-        per_link(|s| u64::from(s.state.upstream_reachable)),
+        per_link(|s| u64::from(s.state.upstream.reachable)),
     )?;
     counter(
         enc,
         "upstream_outages",
         "Outages of the remote: each begins with a watcher's failure and ends when it answers again.",
-        per_link(|s| s.state.upstream_outages),
+        per_link(|s| s.state.upstream.outages),
     )?;
     gauge(
         enc,

@@ -37,9 +37,10 @@ pub fn describe(link: &Entry) -> Value {
 pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -> Value {
     let (now, wall_now) = (Instant::now(), SystemTime::now());
     let since = s
-        .quarantine_since
+        .quarantine
+        .since
         .and_then(|at| wall_clock(at, now, wall_now));
-    let quarantined = s.quarantine_since.is_some();
+    let quarantined = s.quarantine.since.is_some();
     let c = &s.counters;
     let facade = api.map(|a| a.counters.snapshot()).unwrap_or_default();
     json!({
@@ -49,11 +50,11 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
         "message": s.message,
         "quarantine": if quarantined {
             json!({
-                "state": s.quarantine_state,
-                "reason": s.quarantine_reason,
+                "state": s.quarantine.state,
+                "reason": s.quarantine.reason,
                 "message": s.message,
                 "since": since,
-                "figures": s.quarantine_figures,
+                "figures": s.quarantine.figures,
             })
         } else {
             Value::Null
@@ -69,28 +70,29 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "coalesced": c.coalesced,
             "downstreamUpdates": c.downstream_updates,
             "throttled": c.throttled,
-            "objectsHeld": s.objects_held,
-            "eventsLastSecond": s.events_last_second,
-            "upstreamErrors": s.upstream_errors,
-            "upstreamRelists": s.upstream_relists,
-            "upstreamDecodeErrors": s.upstream_decode_errors,
-            "upstreamForcedRelists": s.upstream_forced_relists,
-            "upstreamOversized": s.upstream_oversized,
-            "upstreamPodsSkipped": s.upstream_pods_skipped,
-            "quarantineTransitions": s.quarantine_transitions,
+            "objectsHeld": s.engine.objects_held,
+            "eventsLastSecond": s.engine.events_last_second,
+            "upstreamErrors": s.upstream.errors,
+            "upstreamRelists": s.upstream.relists,
+            "upstreamDecodeErrors": s.upstream.decode_errors,
+            "upstreamForcedRelists": s.upstream.forced_relists,
+            "upstreamOversized": s.upstream.oversized,
+            "upstreamPodsSkipped": s.upstream.pods_skipped,
+            "quarantineTransitions": s.quarantine.transitions,
             "watchers": api.map_or(0, Api::open_watches),
             "discardedWrites": facade.events_discarded,
         },
         "contained": contained(s, now, wall_now),
-        "objectsHeldByResource": s.objects_by_kind,
-        "upstreamEventsByResource": s.upstream_events_by_kind,
+        "objectsHeldByResource": s.engine.objects_by_kind,
+        "upstreamEventsByResource": s.upstream.events_by_kind,
     })
 }
 
 /// The contained services: each one's state, reason, since when, its figures, and when its
 /// auto-release re-check starts (`null`: only an operator releases it).
 fn contained(s: &LinkState, now: Instant, wall_now: SystemTime) -> Vec<Value> {
-    s.contained
+    s.containment
+        .contained
         .iter()
         .map(|c| {
             json!({

@@ -125,6 +125,7 @@ pub(super) fn follow_containment(
     let named = recorded.map_or(&[][..], |c| &c.first[..]);
     let complete = recorded.is_none_or(|c| usize::try_from(c.count) == Ok(c.first.len()));
     let local: BTreeSet<String> = state
+        .containment
         .contained
         .iter()
         .map(|c| c.service.to_string())
@@ -143,6 +144,7 @@ pub(super) fn follow_containment(
         Vec::new()
     } else {
         state
+            .containment
             .contained
             .iter()
             .filter(|c| !named.iter().any(|n| n.service == c.service.to_string()))

@@ -87,7 +87,8 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
     );
     let quarantine = obs.state.filter(|_| phase == Phase::Quarantined).map(|s| {
         let reason = s
-            .quarantine_reason
+            .quarantine
+            .reason
             .clone()
             .unwrap_or_else(|| "Manual".into());
         let since = prev
@@ -99,8 +100,14 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
             reason,
             message: s.message.clone(),
             figures: BTreeMap::from([
-                ("eventsLastSecond".to_owned(), clamp(s.events_last_second)),
-                ("objectsHeld".to_owned(), clamp(s.objects_held as u64)),
+                (
+                    "eventsLastSecond".to_owned(),
+                    clamp(s.engine.events_last_second),
+                ),
+                (
+                    "objectsHeld".to_owned(),
+                    clamp(s.engine.objects_held as u64),
+                ),
             ]),
         }
     });
@@ -132,13 +139,14 @@ fn contained_services(
     s: &LinkState,
     now: &Time,
 ) -> Option<ContainedServicesStatus> {
-    if s.contained.is_empty() {
+    if s.containment.contained.is_empty() {
         return None;
     }
     let before: &[ContainedServiceStatus] = prev
         .and_then(|p| p.contained_services.as_ref())
         .map_or(&[], |c| &c.first);
     let first = s
+        .containment
         .contained
         .iter()
         .take(ContainedServicesStatus::FIRST)
@@ -159,7 +167,7 @@ fn contained_services(
         })
         .collect();
     Some(ContainedServicesStatus {
-        count: clamp(s.contained.len() as u64),
+        count: clamp(s.containment.contained.len() as u64),
         first,
     })
 }

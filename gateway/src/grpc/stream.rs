@@ -41,7 +41,11 @@ pub fn resend_on(from: Phase, to: Phase) -> bool {
 
 /// The services a link contains now.
 fn contained(s: &LinkState) -> BTreeSet<NsName> {
-    s.contained.iter().map(|c| c.service.clone()).collect()
+    s.containment
+        .contained
+        .iter()
+        .map(|c| c.service.clone())
+        .collect()
 }
 
 /// Runs one stream until the consumer goes away, the link stops or Floodgate shuts down.

@@ -171,7 +171,7 @@ async fn list_links_shows_only_the_tokens_own_link() {
     let f = fixture();
     f.east_state.send_modify(|s| {
         s.phase = Phase::Quarantined;
-        s.quarantine_reason = Some("EventRate".into());
+        s.quarantine.reason = Some("EventRate".into());
         s.counters.services = 3;
     });
     let r = f
@@ -281,12 +281,14 @@ async fn a_containment_resends_the_snapshot_marked_contained() {
         since: tokio::time::Instant::now(),
         next_check: None,
     };
-    f.east_state.send_modify(|s| s.contained = vec![contained]);
+    f.east_state
+        .send_modify(|s| s.containment.contained = vec![contained]);
     let after = next(&mut s).await;
     assert!(after.contained, "{after:?}");
     assert_eq!(after.endpoints, before.endpoints);
     assert_eq!(after.link_phase, "Healthy");
-    f.east_state.send_modify(|s| s.contained.clear());
+    f.east_state
+        .send_modify(|s| s.containment.contained.clear());
     assert!(!next(&mut s).await.contained);
 }
 

@@ -15,7 +15,8 @@ use crate::churn::{Counters, Engine};
 use crate::model::NsName;
 use crate::upstream::UpstreamCounters;
 
-/// What a link shows the rest of Floodgate.
+/// What a link shows the rest of Floodgate, in its parts. Its JSON (the parts flattened into
+/// one object) is what the admin API and status read.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LinkState {
@@ -25,63 +26,109 @@ pub struct LinkState {
     pub synced: bool,
     /// Why the link is Degraded or Quarantined, for people.
     pub message: String,
-    /// The quarantine reason, when quarantined.
-    pub quarantine_reason: Option<String>,
+    /// True once the link has reached its remote.
+    pub connected: bool,
     /// The engine's totals.
     pub counters: Counters,
+    /// What the engine holds and has waiting.
+    #[serde(flatten)]
+    pub engine: EngineStatus,
+    /// What the upstream watchers saw.
+    #[serde(flatten)]
+    pub upstream: UpstreamStatus,
+    /// The link's quarantine.
+    #[serde(flatten)]
+    pub quarantine: QuarantineStatus,
+    /// Its services' containment.
+    #[serde(flatten)]
+    pub containment: ContainmentStatus,
+}
+
+/// What a link's engine holds and has waiting.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineStatus {
     /// Relevant upstream events in the last complete second.
     pub events_last_second: u64,
     /// Upstream objects held.
     pub objects_held: usize,
-    /// Upstream watch errors so far.
-    pub upstream_errors: u64,
-    /// Upstream relists so far (initial lists included).
-    pub upstream_relists: u64,
-    /// When the quarantine in force began (the engine's clock: convert at the edges).
-    #[serde(skip)]
-    pub quarantine_since: Option<Instant>,
-    /// The figures (measurements and thresholds) that tripped the quarantine in force.
-    pub quarantine_figures: BTreeMap<String, i64>,
-    /// The quarantine machine's state: `Active`, `Quarantined` or `Rechecking`.
-    pub quarantine_state: StateName,
-    /// The services contained now (at most `quarantine.when.containedServices` + 1: past that
-    /// the link is quarantined and contains no more), by name.
-    pub contained: Vec<ContainedService>,
     /// Upstream objects held, by kind: what the link costs in memory.
     pub objects_by_kind: BTreeMap<&'static str, usize>,
-    /// Quarantine state changes so far.
-    pub quarantine_transitions: u64,
-    /// Service containment transitions since the link started, by cause (`ServiceEventRate`,
-    /// `Released`, `RecheckPassed`..).
-    pub containment_transitions: BTreeMap<&'static str, u64>,
-    /// Upstream watch errors that were undecodable JSON.
-    pub upstream_decode_errors: u64,
-    /// Relists Floodgate forced: a watch that could not resume or lost a frame.
-    pub upstream_forced_relists: u64,
-    /// Upstream objects refused for being over the size limit.
-    pub upstream_oversized: u64,
-    /// Upstream pod events not decoded because no published endpoint names the pod.
-    pub upstream_pods_skipped: u64,
-    /// Objects applied or deleted upstream, per resource kind (initial lists included).
-    pub upstream_events_by_kind: BTreeMap<&'static str, u64>,
-    /// How each upstream watcher takes its lists (`streaming` or `paged`), per resource kind.
-    pub upstream_list_strategies: BTreeMap<&'static str, &'static str>,
-    /// True once the link has reached its remote.
-    pub connected: bool,
-    /// True while the remote answers: connected, and no watcher failing (the link's health).
-    /// For `/metrics`.
-    #[serde(skip)]
-    pub upstream_reachable: bool,
-    /// Outages of the remote since the link started (each begins with a watcher's failure
-    /// and ends when the remote answers again). For `/metrics`.
-    #[serde(skip)]
-    pub upstream_outages: u64,
+    /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
+    pub pending: usize,
     /// How long published changes waited, from their arrival to their publication. For
     /// `/metrics`.
     #[serde(skip)]
     pub publication_delays: crate::churn::Delays,
-    /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
-    pub pending: usize,
+}
+
+/// What a link's upstream watchers saw since the link started.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct UpstreamStatus {
+    /// Watch errors (each followed by a backoff and a retry).
+    #[serde(rename = "upstreamErrors")]
+    pub errors: u64,
+    /// Relists (initial lists included).
+    #[serde(rename = "upstreamRelists")]
+    pub relists: u64,
+    /// Watch errors that were undecodable JSON.
+    #[serde(rename = "upstreamDecodeErrors")]
+    pub decode_errors: u64,
+    /// Relists Floodgate forced: a watch that could not resume or lost a frame.
+    #[serde(rename = "upstreamForcedRelists")]
+    pub forced_relists: u64,
+    /// Objects refused for being over the size limit.
+    #[serde(rename = "upstreamOversized")]
+    pub oversized: u64,
+    /// Pod events not decoded because no published endpoint names the pod.
+    #[serde(rename = "upstreamPodsSkipped")]
+    pub pods_skipped: u64,
+    /// Objects applied or deleted, per resource kind (initial lists included).
+    #[serde(rename = "upstreamEventsByKind")]
+    pub events_by_kind: BTreeMap<&'static str, u64>,
+    /// How each watcher takes its lists (`streaming` or `paged`), per resource kind.
+    #[serde(rename = "upstreamListStrategies")]
+    pub list_strategies: BTreeMap<&'static str, &'static str>,
+    /// True while the remote answers: connected, and no watcher failing (the link's health).
+    /// For `/metrics`.
+    #[serde(skip)]
+    pub reachable: bool,
+    /// Outages of the remote (each begins with a watcher's failure and ends when the remote
+    /// answers again). For `/metrics`.
+    #[serde(skip)]
+    pub outages: u64,
+}
+
+/// A link's quarantine.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct QuarantineStatus {
+    /// The quarantine machine's state: `Active`, `Quarantined` or `Rechecking`.
+    #[serde(rename = "quarantineState")]
+    pub state: StateName,
+    /// The reason, when quarantined.
+    #[serde(rename = "quarantineReason")]
+    pub reason: Option<String>,
+    /// When the quarantine in force began (the engine's clock: convert at the edges).
+    #[serde(skip)]
+    pub since: Option<Instant>,
+    /// The figures (measurements and thresholds) that tripped the quarantine in force.
+    #[serde(rename = "quarantineFigures")]
+    pub figures: BTreeMap<String, i64>,
+    /// State changes since the link started.
+    #[serde(rename = "quarantineTransitions")]
+    pub transitions: u64,
+}
+
+/// A link's contained services.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ContainmentStatus {
+    /// The services contained now (at most `quarantine.when.containedServices` + 1: past that
+    /// the link is quarantined and contains no more), by name.
+    pub contained: Vec<ContainedService>,
+    /// Containment transitions since the link started, by cause (`ServiceEventRate`,
+    /// `Released`, `RecheckPassed`..).
+    #[serde(rename = "containmentTransitions")]
+    pub transitions: BTreeMap<&'static str, u64>,
 }
 
 /// A contained service, as the link shows it.
@@ -107,77 +154,74 @@ pub struct ContainedService {
 }
 
 pub(super) fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkState {
-    let (message, quarantine_reason) = match engine.state() {
+    let (message, quarantine) = match engine.state() {
         State::Active => (String::new(), None),
-        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => (
-            q.trigger.message.clone(),
-            Some(q.trigger.reason.to_string()),
-        ),
+        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => {
+            (q.trigger.message.clone(), Some(q))
+        }
     };
     LinkState {
         phase: engine.phase(),
         synced: engine.synced_once(),
         message,
-        quarantine_reason,
+        connected: true,
         counters: engine.counters(),
-        publication_delays: engine.publication_delays().clone(),
-        upstream_outages: counters.health.outages(),
-        upstream_reachable: false,
-        events_last_second: engine.events_last_second(),
-        objects_held: engine.objects_held(),
-        upstream_errors: counters.errors.load(Ordering::Relaxed),
-        upstream_relists: counters.relists.load(Ordering::Relaxed),
-        quarantine_since: match engine.state() {
-            State::Active => None,
-            State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => Some(q.since),
+        engine: EngineStatus {
+            events_last_second: engine.events_last_second(),
+            objects_held: engine.objects_held(),
+            objects_by_kind: (engine.objects_by_kind().into_iter())
+                .map(|(k, n)| (k.name(), n))
+                .collect(),
+            pending: engine.pending(),
+            publication_delays: engine.publication_delays().clone(),
         },
-        quarantine_figures: quarantine_figures(engine.state()),
-        quarantine_state: engine.state_name(),
-        contained: engine
-            .contained()
-            .into_iter()
-            .map(|c| ContainedService {
-                service: c.service,
-                state: c.state,
-                reason: c.quarantine.trigger.reason,
-                message: c.quarantine.trigger.message,
-                figures: c.quarantine.trigger.figures,
-                since: c.quarantine.since,
-                next_check: c.quarantine.next_check,
-            })
-            .collect(),
-        objects_by_kind: engine
-            .objects_by_kind()
-            .into_iter()
-            .map(|(k, n)| (k.name(), n))
-            .collect(),
-        quarantine_transitions: 0,
-        containment_transitions: BTreeMap::new(),
-        upstream_decode_errors: counters.decode_errors.load(Ordering::Relaxed),
-        upstream_forced_relists: counters.forced_relists.load(Ordering::Relaxed),
-        upstream_oversized: counters.oversized.load(Ordering::Relaxed),
-        upstream_pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
-        upstream_events_by_kind: crate::model::Kind::ALL
-            .iter()
+        upstream: upstream_status(counters),
+        quarantine: QuarantineStatus {
+            state: engine.state_name(),
+            reason: quarantine.map(|q| q.trigger.reason.to_string()),
+            since: quarantine.map(|q| q.since),
+            figures: quarantine
+                .map(|q| q.trigger.figures.clone())
+                .unwrap_or_default(),
+            transitions: 0,
+        },
+        containment: ContainmentStatus {
+            contained: (engine.contained().into_iter())
+                .map(|c| ContainedService {
+                    service: c.service,
+                    state: c.state,
+                    reason: c.quarantine.trigger.reason,
+                    message: c.quarantine.trigger.message,
+                    figures: c.quarantine.trigger.figures,
+                    since: c.quarantine.since,
+                    next_check: c.quarantine.next_check,
+                })
+                .collect(),
+            transitions: BTreeMap::new(),
+        },
+    }
+}
+
+/// The upstream's counters, read now; `reachable` is the caller's to say.
+fn upstream_status(counters: &UpstreamCounters) -> UpstreamStatus {
+    let kinds = crate::model::Kind::ALL;
+    UpstreamStatus {
+        errors: counters.errors.load(Ordering::Relaxed),
+        relists: counters.relists.load(Ordering::Relaxed),
+        decode_errors: counters.decode_errors.load(Ordering::Relaxed),
+        forced_relists: counters.forced_relists.load(Ordering::Relaxed),
+        oversized: counters.oversized.load(Ordering::Relaxed),
+        pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
+        events_by_kind: (kinds.iter())
             .map(|k| (k.name(), counters.events_of(*k)))
             .collect(),
-        upstream_list_strategies: crate::model::Kind::ALL
-            .iter()
+        list_strategies: (kinds.iter())
             .map(|k| (k.name(), counters.strategy_of(*k)))
             .filter(|(_, s)| *s != crate::upstream::strategy::ListStrategy::Unknown)
             .map(|(k, s)| (k, s.name()))
             .collect(),
-        connected: true,
-        pending: engine.pending(),
-    }
-}
-
-fn quarantine_figures(state: &State) -> BTreeMap<String, i64> {
-    match state {
-        State::Active => BTreeMap::new(),
-        State::Quarantined(q) | State::Rechecking { quarantine: q, .. } => {
-            q.trigger.figures.clone()
-        }
+        reachable: false,
+        outages: counters.health.outages(),
     }
 }
 
@@ -193,11 +237,9 @@ pub(super) fn publish_state(
 ) {
     let mut state = link_state(engine, counters);
     state.connected = connected;
-    state.upstream_reachable = connected && counters.health.unreachable().is_none();
-    state.quarantine_transitions = transitions.link;
-    state
-        .containment_transitions
-        .clone_from(&transitions.services);
+    state.upstream.reachable = connected && counters.health.unreachable().is_none();
+    state.quarantine.transitions = transitions.link;
+    (state.containment.transitions).clone_from(&transitions.services);
     let quarantined = state.phase == Phase::Quarantined;
     if let (Some(u), true, false) = (counters.health.unreachable(), connected, quarantined) {
         state.phase = Phase::Degraded;
@@ -211,16 +253,16 @@ pub(super) fn publish_state(
         let changed = s.phase != state.phase
             || s.synced != state.synced
             || s.counters != state.counters
-            || s.upstream_list_strategies != state.upstream_list_strategies
+            || s.upstream.list_strategies != state.upstream.list_strategies
             || s.message != state.message
             || s.connected != state.connected
-            || s.upstream_reachable != state.upstream_reachable
-            || s.upstream_outages != state.upstream_outages
-            || s.pending != state.pending
-            || s.quarantine_transitions != state.quarantine_transitions
-            || s.containment_transitions != state.containment_transitions
-            || s.contained != state.contained
-            || s.objects_by_kind != state.objects_by_kind;
+            || s.upstream.reachable != state.upstream.reachable
+            || s.upstream.outages != state.upstream.outages
+            || s.engine.pending != state.engine.pending
+            || s.quarantine.transitions != state.quarantine.transitions
+            || s.containment.transitions != state.containment.transitions
+            || s.containment.contained != state.containment.contained
+            || s.engine.objects_by_kind != state.engine.objects_by_kind;
         *s = state;
         changed
     });

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use crate::churn::Counters;
 use crate::churn::flood::Reason;
 use crate::churn::quarantine::StateName;
-use crate::link::{ContainedService, LinkState};
+use crate::link::{
+    ContainedService, ContainmentStatus, EngineStatus, LinkState, QuarantineStatus, UpstreamStatus,
+};
 use crate::model::NsName;
 
 /// A state with every field set to a value of its own.
@@ -20,7 +22,7 @@ fn mk_state(now: Instant) -> LinkState {
         phase: Phase::Quarantined,
         synced: true,
         message: "too many events".into(),
-        quarantine_reason: Some("EventRate".into()),
+        connected: true,
         counters: Counters {
             upstream_events: 1,
             relevant_events: 2,
@@ -35,37 +37,46 @@ fn mk_state(now: Instant) -> LinkState {
             endpoints_truncated: 11,
             pods_fetched: 12,
         },
-        events_last_second: 13,
-        objects_held: 14,
-        upstream_errors: 15,
-        upstream_relists: 16,
-        quarantine_since: Some(now),
-        quarantine_figures: BTreeMap::from([("eventsPerSecond".to_owned(), 17)]),
-        quarantine_state: StateName::Quarantined,
-        contained: vec![ContainedService {
-            service: NsName::new("prod", "web"),
-            state: StateName::Contained,
-            reason: Reason::ServiceEventRate,
-            message: "web floods".into(),
-            figures: BTreeMap::from([("serviceEventsPerSecond".to_owned(), 18)]),
-            since: now,
-            next_check: None,
-        }],
-        objects_by_kind: BTreeMap::from([("pods", 19)]),
-        quarantine_transitions: 20,
-        containment_transitions: BTreeMap::from([("ServiceEventRate", 21)]),
-        upstream_decode_errors: 22,
-        upstream_forced_relists: 23,
-        upstream_oversized: 24,
-        upstream_pods_skipped: 25,
-        upstream_events_by_kind: BTreeMap::from([("services", 26)]),
-        upstream_list_strategies: BTreeMap::from([("pods", "paged")]),
-        connected: true,
-        pending: 27,
-        // Not in the JSON: for `/metrics` only.
-        upstream_reachable: true,
-        upstream_outages: 28,
-        publication_delays: crate::churn::Delays::default(),
+        engine: EngineStatus {
+            events_last_second: 13,
+            objects_held: 14,
+            objects_by_kind: BTreeMap::from([("pods", 19)]),
+            pending: 27,
+            // Not in the JSON: for `/metrics` only.
+            publication_delays: crate::churn::Delays::default(),
+        },
+        upstream: UpstreamStatus {
+            errors: 15,
+            relists: 16,
+            decode_errors: 22,
+            forced_relists: 23,
+            oversized: 24,
+            pods_skipped: 25,
+            events_by_kind: BTreeMap::from([("services", 26)]),
+            list_strategies: BTreeMap::from([("pods", "paged")]),
+            // Not in the JSON: for `/metrics` only.
+            reachable: true,
+            outages: 28,
+        },
+        quarantine: QuarantineStatus {
+            state: StateName::Quarantined,
+            reason: Some("EventRate".into()),
+            since: Some(now),
+            figures: BTreeMap::from([("eventsPerSecond".to_owned(), 17)]),
+            transitions: 20,
+        },
+        containment: ContainmentStatus {
+            contained: vec![ContainedService {
+                service: NsName::new("prod", "web"),
+                state: StateName::Contained,
+                reason: Reason::ServiceEventRate,
+                message: "web floods".into(),
+                figures: BTreeMap::from([("serviceEventsPerSecond".to_owned(), 18)]),
+                since: now,
+                next_check: None,
+            }],
+            transitions: BTreeMap::from([("ServiceEventRate", 21)]),
+        },
     }
 }
 

@@ -96,10 +96,10 @@ fn a_new_lease_holder_is_written_at_once() {
 #[test]
 fn a_quarantine_reports_reason_since_and_figures() {
     let mut st = mk_state(Phase::Quarantined, true);
-    st.quarantine_reason = Some("EventRate".into());
+    st.quarantine.reason = Some("EventRate".into());
     st.message = "4100 events/s for 10s".into();
-    st.events_last_second = 4100;
-    st.objects_held = 12;
+    st.engine.events_last_second = 4100;
+    st.engine.objects_held = 12;
     let s = next_status(None, &obs(Some(&st), None), &t(5));
     let q = s.quarantine.clone().expect("quarantine");
     assert_eq!(q.reason, "EventRate");
@@ -128,7 +128,7 @@ fn contained_services_are_counted_and_the_first_few_named() {
     let mut st = mk_state(Phase::Healthy, true);
     let none = next_status(None, &obs(Some(&st), None), &t(0));
     assert!(none.contained_services.is_none());
-    st.contained = (0..7)
+    st.containment.contained = (0..7)
         .map(|i| contained(&format!("svc-{i}"), Reason::ServiceEventRate))
         .collect();
     let s = next_status(Some(&none), &obs(Some(&st), None), &t(10));
@@ -150,11 +150,11 @@ fn contained_services_are_counted_and_the_first_few_named() {
         t(10)
     );
     assert!(!is_transition(Some(&s), &again));
-    st.contained[0] = contained("svc-0", Reason::EndpointsPerService);
+    st.containment.contained[0] = contained("svc-0", Reason::EndpointsPerService);
     let other = next_status(Some(&again), &obs(Some(&st), None), &t(70));
     assert_eq!(other.contained_services.expect("c").first[0].since, t(70));
     // Released: the field goes (a merge patch writes null).
-    st.contained.clear();
+    st.containment.contained.clear();
     let released = next_status(Some(&again), &obs(Some(&st), None), &t(80));
     assert!(released.contained_services.is_none());
     let patch = status_patch(Some(&again), &released).expect("patch");
