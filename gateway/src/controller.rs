@@ -180,13 +180,11 @@ pub async fn serve(
     let links_api: Api<Link> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.credentials_namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "floodgate".into(),
-            instance: Some(args.identity.clone()),
-        },
-    );
+    let reporter = Reporter {
+        controller: "floodgate".into(),
+        instance: Some(args.identity.clone()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
 
     let boot = Bootstrap::load(args.serve.to_config()?)?;
     let peers = peers_of(&args, boot.tls.as_ref())?;
@@ -212,21 +210,9 @@ pub async fn serve(
     let deadline = boot.cfg.shutdown_timeout;
     let server = boot.start(registry.clone(), listeners, mode_json(&args), signals)?;
 
-    let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
-    let (held_tx, held) = watch::channel(BTreeSet::new());
     // Watched below; on shutdown it gives the held Leases back, which the drain waits for.
-    let lease_task = tokio::spawn(lease::run(
-        leases,
-        lease::Claimant {
-            identity: args.identity.clone(),
-            facade: args.advertise_address.clone(),
-        },
-        timing.lease,
-        wanted,
-        held_tx,
-        leases_seen,
-        shutdown.clone(),
-    ));
+    let (lease_task, wanted_tx, held) =
+        spawn_lease_loop(leases, &args, timing.lease, leases_seen, shutdown.clone());
     let (status_tx, status_rx) = mpsc::channel(writer::STATUS_QUEUE);
     let (phase_tx, mut phase_rx) = mpsc::channel(writer::PHASE_CHANGES);
     let writer_task = tokio::spawn(writer::run_reporting(
@@ -237,8 +223,18 @@ pub async fn serve(
         Some(phase_tx),
     ));
 
-    let commands = commands::Commands::new(links_api.clone(), args.identity.clone());
-    let (mut runs, mut seeded) = Runs::new(registry.clone(), shared, links_stop);
+    let (runs, mut seeded) = Runs::new(registry.clone(), shared, links_stop);
+    let mut control = Control {
+        commands: commands::Commands::new(links_api.clone(), args.identity.clone()),
+        runs,
+        identity: args.identity.clone(),
+        reader,
+        recorder,
+        wanted_tx,
+        listed_tx,
+        held,
+        status_tx,
+    };
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
     let mut critical = Critical::new([
@@ -256,67 +252,121 @@ pub async fn serve(
                 }
                 return Err(ended);
             }
-            Some(found) = found.recv() => {
-                runs.apply(found);
-                continue;
-            }
-            Some(seeded) = seeded.recv() => {
-                runs.seeded(seeded);
-                continue;
-            }
-            Some(change) = phase_rx.recv() => {
-                record_phase(&recorder, &reader, &ns, &runs, &change);
-                continue;
-            }
-            _ = status_tick.tick() => {}
-        }
-        if futures_util::FutureExt::now_or_never(reader.wait_until_ready())
-            .is_none_or(|r| r.is_err())
-        {
-            continue;
-        }
-        let links = reader.state();
-        let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
-        runs.prune(&names);
-        wanted_tx.send_if_modified(|wanted| {
-            let changed = *wanted != names;
-            *wanted = names;
-            changed
-        });
-        if runs.settled(&links) {
-            listed_tx.send_replace(true);
-        }
-        // Statuses, events on transitions, and following the holder's quarantine decisions.
-        let held_now = held.borrow().clone();
-        let now = Time(jiff::Timestamp::now());
-        let tick = Tick {
-            identity: &args.identity,
-            held: &held_now,
-            now: &now,
-            commands: &commands,
-            recorder: &recorder,
-            status_tx: &status_tx,
-        };
-        for link in links {
-            tick.link(&link, &mut runs);
+            Some(found) = found.recv() => control.runs.apply(found),
+            Some(seeded) = seeded.recv() => control.runs.seeded(seeded),
+            Some(change) = phase_rx.recv() => control.record_phase(&ns, &change),
+            _ = status_tick.tick() => control.tick(),
         }
     }
     // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
     // get their last BOOKMARK, then the admin listener.
     tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
     let drained = server.shutdown(&registry, switches, deadline).await;
-    runs.stop_all();
-    // The Leases were given back when the signal came; wait for the requests to finish.
-    if let Some(lease_task) = critical.take(LEASE_LOOP) {
-        match tokio::time::timeout(LEASE_GIVE_BACK, lease_task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "the lease task failed"),
-            Err(_) => tracing::warn!(
-                "the Leases were not all given back in time; they expire by themselves"
-            ),
+    control.runs.stop_all();
+    give_back_leases(critical.take(LEASE_LOOP)).await;
+    Ok(drained?)
+}
+
+/// Starts the lease loop: it takes the Leases of the links wanted (the sender it returns),
+/// says which it holds (the receiver), and gives them back at shutdown.
+fn spawn_lease_loop(
+    leases: Api<Lease>,
+    args: &ControllerArgs,
+    timing: lease::LeaseTiming,
+    seen: reflector::store::Writer<Lease>,
+    shutdown: watch::Receiver<bool>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    watch::Sender<BTreeSet<String>>,
+    watch::Receiver<BTreeSet<String>>,
+) {
+    let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
+    let (held_tx, held) = watch::channel(BTreeSet::new());
+    let claimant = lease::Claimant {
+        identity: args.identity.clone(),
+        facade: args.advertise_address.clone(),
+    };
+    let task = tokio::spawn(lease::run(
+        leases, claimant, timing, wanted, held_tx, seen, shutdown,
+    ));
+    (task, wanted_tx, held)
+}
+
+/// Waits, at shutdown, for the lease loop to give the held Leases back (it began when the
+/// signal came).
+async fn give_back_leases(lease_task: Option<tokio::task::JoinHandle<()>>) {
+    let Some(lease_task) = lease_task else { return };
+    match tokio::time::timeout(LEASE_GIVE_BACK, lease_task).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "the lease task failed"),
+        Err(_) => {
+            tracing::warn!("the Leases were not all given back in time; they expire by themselves");
         }
     }
-    Ok(drained?)
+}
+
+/// The controller's loop: the Links it reads, the links it runs, and where their statuses,
+/// the Leases it wants and its readiness go.
+struct Control {
+    identity: String,
+    reader: reflector::Store<Link>,
+    recorder: Recorder,
+    commands: commands::Commands,
+    runs: Runs,
+    /// The links whose Leases this replica wants: every Link's.
+    wanted_tx: watch::Sender<BTreeSet<String>>,
+    /// True once every Link listed has been reconciled (readiness).
+    listed_tx: watch::Sender<bool>,
+    /// The links whose Leases this replica holds.
+    held: watch::Receiver<BTreeSet<String>>,
+    status_tx: mpsc::Sender<writer::StatusUpdate>,
+}
+
+impl Control {
+    /// A status tick: the links of Links gone are stopped, the Leases wanted follow the
+    /// Links, and each Link gets its command, its following of the holder and its status.
+    fn tick(&mut self) {
+        if futures_util::FutureExt::now_or_never(self.reader.wait_until_ready())
+            .is_none_or(|r| r.is_err())
+        {
+            return;
+        }
+        let links = self.reader.state();
+        let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
+        self.runs.prune(&names);
+        self.wanted_tx.send_if_modified(|wanted| {
+            let changed = *wanted != names;
+            *wanted = names;
+            changed
+        });
+        if self.runs.settled(&links) {
+            self.listed_tx.send_replace(true);
+        }
+        let held = self.held.borrow().clone();
+        let now = Time(jiff::Timestamp::now());
+        let tick = Tick {
+            identity: &self.identity,
+            held: &held,
+            now: &now,
+            commands: &self.commands,
+            recorder: &self.recorder,
+            status_tx: &self.status_tx,
+        };
+        for link in links {
+            tick.link(&link, &mut self.runs);
+        }
+    }
+
+    /// The holder wrote a new phase: record it as an Event on the Link.
+    fn record_phase(&self, ns: &str, change: &writer::PhaseChange) {
+        let key = reflector::ObjectRef::new(&change.link).within(ns);
+        if let Some(link) = self.reader.get(&key) {
+            let note = (self.runs.running.get(&change.link))
+                .map(|r| r.handle.state.borrow().message.clone())
+                .or_else(|| (self.runs.blocked.get(&change.link)).map(|b| b.message.clone()));
+            writer::record_event(&self.recorder, &link, change, note);
+        }
+    }
 }
 
 /// What the controller's fields of `GET /config` say (where its links come from).
@@ -350,25 +400,6 @@ fn peers_of(
             ca_pem: tls.ca_pem.clone(),
         })),
         (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
-    }
-}
-
-/// The holder wrote a new phase: record it as an Event on the Link.
-fn record_phase(
-    recorder: &Recorder,
-    reader: &reflector::Store<Link>,
-    ns: &str,
-    runs: &Runs,
-    change: &writer::PhaseChange,
-) {
-    let key = reflector::ObjectRef::new(&change.link).within(ns);
-    if let Some(link) = reader.get(&key) {
-        let note = runs
-            .running
-            .get(&change.link)
-            .map(|r| r.handle.state.borrow().message.clone())
-            .or_else(|| runs.blocked.get(&change.link).map(|b| b.message.clone()));
-        writer::record_event(recorder, &link, change, note);
     }
 }
 

@@ -2,8 +2,6 @@
 //! counters, quarantine) from its running state, and the merge patch that takes the status the
 //! cluster has to the one it should have. No client, no clock: `now` is passed in.
 
-use std::collections::BTreeMap;
-
 use floodgate_link_crd::{
     ContainedServiceStatus, ContainedServicesStatus, Counters, LinkStatus, Phase, QuarantineStatus,
 };
@@ -85,32 +83,8 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
         },
         String::new(),
     );
-    let quarantine = obs.state.filter(|_| phase == Phase::Quarantined).map(|s| {
-        let reason = s
-            .quarantine
-            .reason
-            .clone()
-            .unwrap_or_else(|| "Manual".into());
-        let since = prev
-            .and_then(|p| p.quarantine.as_ref())
-            .filter(|q| q.reason == reason)
-            .map_or_else(|| now.clone(), |q| q.since.clone());
-        QuarantineStatus {
-            since,
-            reason,
-            message: s.message.clone(),
-            figures: BTreeMap::from([
-                (
-                    "eventsLastSecond".to_owned(),
-                    clamp(s.engine.events_last_second),
-                ),
-                (
-                    "objectsHeld".to_owned(),
-                    clamp(s.engine.objects_held as u64),
-                ),
-            ]),
-        }
-    });
+    let quarantine = obs.state.filter(|_| phase == Phase::Quarantined);
+    let quarantine = quarantine.map(|s| quarantine_status(prev, s, now));
     match &quarantine {
         Some(q) => set("Quarantined", true, &q.reason.clone(), q.message.clone()),
         None => set("Quarantined", false, "Following", String::new()),
@@ -129,6 +103,28 @@ pub fn next_status(prev: Option<&LinkStatus>, obs: &Observation<'_>, now: &Time)
             upstream_events: clamp(s.counters.upstream_events),
             downstream_updates: clamp(s.counters.downstream_updates),
         }),
+    }
+}
+
+/// A quarantined link's quarantine as status shows it; `since` is kept from `prev` while the
+/// reason is the same.
+fn quarantine_status(prev: Option<&LinkStatus>, s: &LinkState, now: &Time) -> QuarantineStatus {
+    let reason = (s.quarantine.reason.clone()).unwrap_or_else(|| "Manual".into());
+    let since = prev
+        .and_then(|p| p.quarantine.as_ref())
+        .filter(|q| q.reason == reason)
+        .map_or_else(|| now.clone(), |q| q.since.clone());
+    let figures = [
+        ("eventsLastSecond", s.engine.events_last_second),
+        ("objectsHeld", s.engine.objects_held as u64),
+    ];
+    QuarantineStatus {
+        since,
+        reason,
+        message: s.message.clone(),
+        figures: (figures.into_iter())
+            .map(|(k, v)| (k.to_owned(), clamp(v)))
+            .collect(),
     }
 }
 

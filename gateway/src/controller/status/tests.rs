@@ -117,7 +117,7 @@ fn contained(name: &str, reason: Reason) -> crate::link::ContainedService {
         state: crate::churn::quarantine::StateName::Contained,
         reason,
         message: format!("{name} floods"),
-        figures: BTreeMap::from([("serviceEventsLastSecond".to_owned(), 900)]),
+        figures: std::collections::BTreeMap::from([("serviceEventsLastSecond".to_owned(), 900)]),
         since: tokio::time::Instant::now(),
         next_check: None,
     }
