@@ -65,6 +65,9 @@ pub struct Replica {
     stop: watch::Sender<bool>,
     /// The controller's task.
     pub task: JoinHandle<anyhow::Result<()>>,
+    /// The relay its advertised address leads through, when started
+    /// [`Self::start_behind_relay`].
+    pub relay: Option<crate::relay::TcpRelay>,
 }
 
 impl Replica {
@@ -88,7 +91,14 @@ impl Replica {
     /// (as the headless Service lists every replica, this one too), so it follows the holder
     /// of a link it does not hold. Start the others [`Self::start_beside`] it.
     pub async fn start_first(local: &RunningLocal, identity: &str) -> Self {
-        Self::start_with_peers(local, identity, None, fast(), true).await
+        Self::start_with_peers(local, identity, None, fast(), true, false).await
+    }
+
+    /// Starts a replica whose advertised facade address (the one followers read it at) leads
+    /// through a [`crate::relay::TcpRelay`]: cutting the relay partitions its followers from
+    /// it while it keeps its Leases.
+    pub async fn start_behind_relay(local: &RunningLocal, identity: &str) -> Self {
+        Self::start_with_peers(local, identity, None, fast(), false, true).await
     }
 
     async fn start_with(
@@ -97,7 +107,7 @@ impl Replica {
         peer: Option<&Replica>,
         timing: Timing,
     ) -> Self {
-        Self::start_with_peers(local, identity, peer, timing, false).await
+        Self::start_with_peers(local, identity, peer, timing, false, false).await
     }
 
     async fn start_with_peers(
@@ -106,6 +116,7 @@ impl Replica {
         peer: Option<&Replica>,
         timing: Timing,
         self_peer: bool,
+        behind_relay: bool,
     ) -> Self {
         let bind = async || TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let listeners = floodgate::server::Listeners {
@@ -116,6 +127,12 @@ impl Replica {
         let addr = listeners.facade.local_addr().expect("addr");
         let admin = listeners.admin.local_addr().expect("addr");
         let grpc = listeners.grpc.local_addr().expect("addr");
+        let relay = if behind_relay {
+            Some(crate::relay::TcpRelay::start(addr).await.expect("relay"))
+        } else {
+            None
+        };
+        let advertised = relay.as_ref().map_or(addr, |r| r.addr);
         let state = tempfile::tempdir().expect("tempdir");
         if let Some(p) = peer {
             p.ca_pem().await;
@@ -147,7 +164,7 @@ impl Replica {
                 .or(self_peer.then_some(addr))
                 .map(|a| a.to_string()),
             peer_server_name: "localhost".into(),
-            advertise_address: Some(addr.to_string()),
+            advertise_address: Some(advertised.to_string()),
         };
         let (stop, shutdown) = watch::channel(false);
         let client = local.client_as(NS, SERVICE_ACCOUNT).expect("client");
@@ -161,6 +178,7 @@ impl Replica {
             state,
             stop,
             task,
+            relay,
         }
     }
 

@@ -26,6 +26,7 @@ pub mod modes;
 pub mod process;
 pub mod rbac;
 pub mod real;
+pub mod relay;
 pub mod report;
 pub mod resolve;
 pub mod sim;

@@ -493,6 +493,88 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     b.stop().await;
 }
 
+/// A follower partitioned from its Lease holder (the holder alive, its Lease held) says so:
+/// `Degraded` on its admin API with why and where it reads from, its metrics say it follows and
+/// cannot reach what it follows, its consumers keep the last view, and it does not turn to the
+/// remote (only the Lease decides that). Healed, it is Healthy again.
+#[tokio::test]
+async fn a_follower_cut_off_from_its_holder_says_so_and_keeps_serving() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    let a = Replica::start_behind_relay(&local, "replica-a").await;
+    until(30, "a holds east", async || {
+        lease_holder(&local, "east").as_deref() == Some("replica-a")
+    })
+    .await;
+    let b = Replica::start_beside(&local, "replica-b", &a).await;
+    let on_b = b.consumer("east", &token("east")).await;
+    let follower = async || {
+        floodgate_e2e::admin::link(b.admin, "east")
+            .await
+            .unwrap_or_default()
+    };
+    until(30, "b serves east from a's facade", async || {
+        let l = follower().await;
+        l["phase"] == "Healthy"
+            && l["readsFrom"]
+                .as_str()
+                .is_some_and(|r| r.contains("replica-a"))
+            && service_names(&on_b).await == Some(["web"].map(String::from).into())
+    })
+    .await;
+    let watches = sim.api.open_watches();
+    let metric = async |name: &str| {
+        let (_, text) = floodgate_e2e::admin::call_text(b.admin, "GET", "/metrics", None, "")
+            .await
+            .expect("metrics");
+        let line = format!("{name}{{link=\"east\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line).map(str::to_owned))
+            .unwrap_or_default()
+    };
+    assert_eq!(metric("floodgate_link_follows_holder").await, "1");
+    assert_eq!(metric("floodgate_link_lease_held").await, "0");
+
+    a.relay.as_ref().expect("a relay").cut();
+    until(30, "b says it cannot reach its holder", async || {
+        let l = follower().await;
+        l["phase"] == "Degraded"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("unreachable since"))
+    })
+    .await;
+    assert_eq!(metric("floodgate_upstream_reachable").await, "0");
+    assert_eq!(
+        service_names(&on_b).await,
+        Some(["web"].map(String::from).into()),
+        "b's consumers keep the last view"
+    );
+    assert_eq!(lease_holder(&local, "east").as_deref(), Some("replica-a"));
+    let l = follower().await;
+    assert!(
+        l["readsFrom"]
+            .as_str()
+            .is_some_and(|r| r.contains("replica-a")),
+        "{l}"
+    );
+    assert_eq!(
+        sim.api.open_watches(),
+        watches,
+        "b does not turn to the remote"
+    );
+
+    a.relay.as_ref().expect("a relay").mend();
+    until(30, "b is Healthy again", async || {
+        follower().await["phase"] == "Healthy"
+    })
+    .await;
+    assert_eq!(metric("floodgate_upstream_reachable").await, "1");
+    b.stop().await;
+    a.stop().await;
+}
+
 /// The links spread over the replicas: two replicas and two links, each replica holds one
 /// Lease (the first held both until the second joined and gave one back), and each link's
 /// remote keeps the watches of one replica: the other follows the holder.

@@ -34,6 +34,8 @@
 //! | `floodgate_publication_delay_seconds` | histogram | (from a change's arrival to its publication; 1 ms to 60 s) |
 //! | `floodgate_upstream_reachable` | gauge (0/1) | |
 //! | `floodgate_upstream_outages_total` | counter | |
+//! | `floodgate_link_lease_held` | gauge (0/1) | (cluster mode: this replica holds the link's Lease) |
+//! | `floodgate_link_follows_holder` | gauge (0/1) | (cluster mode: this replica reads the link from the holder's facade) |
 //! | `floodgate_watchers_limit` | gauge | (the facade's cap on open watches) |
 //! | `floodgate_watchers_by_resource` | gauge | `resource` |
 //! | `floodgate_ready_endpoints_without_pod` | gauge | (0 when the view is whole) |
@@ -137,6 +139,9 @@ struct Sample {
     view_bytes: u64,
     without_pod: u64,
     requests: std::collections::BTreeMap<crate::kubeapi::RequestKey, u64>,
+    /// In cluster mode: whether this replica holds the link's Lease, and whether it follows
+    /// the holder.
+    lease: Option<(bool, bool)>,
 }
 
 fn counter(
@@ -181,6 +186,7 @@ impl LinkCollector {
                 view_bytes: l.handle.view.json_bytes() as u64,
                 without_pod: l.handle.view.ready_endpoints_without_pod(),
                 requests: l.api.counters.requests(),
+                lease: (l.relay.as_ref()).map(|r| (r.holds(), r.follows().is_some())),
             })
             .collect()
     }
@@ -448,6 +454,20 @@ fn signals(enc: &mut DescriptorEncoder<'_>, samples: &[Sample]) -> std::fmt::Res
                 )
             })
         }),
+    )?;
+    // Cluster mode only: which replica holds each link, and which follow the holder.
+    let leased = || samples.iter().filter_map(|s| s.lease.map(|l| (link(s), l)));
+    gauge(
+        enc,
+        "link_lease_held",
+        "1 when this replica holds the link's Lease: it reads the remote and decides (cluster mode).",
+        leased().map(|(l, (held, _))| (l, u64::from(held))),
+    )?;
+    gauge(
+        enc,
+        "link_follows_holder",
+        "1 when this replica reads the link from the Lease holder's facade, not the remote (cluster mode).",
+        leased().map(|(l, (_, follows))| (l, u64::from(follows))),
     )?;
     gauge(
         enc,

@@ -39,6 +39,14 @@ pub trait Relay: Send + Sync + std::fmt::Debug + 'static {
     /// The replica that decides for the link (its Lease holder), as last seen; `None` while
     /// nobody does.
     fn holder(&self) -> Option<String>;
+    /// True when this replica holds the link's Lease.
+    fn holds(&self) -> bool;
+    /// The replica whose facade this replica reads the link from (the Lease holder), `None`
+    /// while it reads the remote itself.
+    fn follows(&self) -> Option<String>;
+    /// Where this replica reads the link from, for people: "the remote", or "the facade of
+    /// Lease holder <identity> at <address>".
+    fn reads_from(&self) -> String;
     /// Sends `order` to the replica that decides and waits a while for its answer
     /// (`Ok(None)`: sent, not answered yet).
     fn forward(&self, order: Order) -> BoxFuture<'static, Result<Option<Outcome>, SendError>>;

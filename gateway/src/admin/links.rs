@@ -27,8 +27,12 @@ pub fn describe(link: &Entry) -> Value {
     let mut v = describe_state(link.name(), &state, Some(&link.api));
     v["counters"]["viewBytes"] = link.handle.view.json_bytes().into();
     // In a cluster, the replica that decides for the link (null while none does).
+    // Where this process reads the link from: the remote, or (a replica without the Lease)
+    // the holder's facade.
+    v["readsFrom"] = "the remote".into();
     if let Some(relay) = &link.relay {
         v["leaseHolder"] = relay.holder().into();
+        v["readsFrom"] = relay.reads_from().into();
     }
     v
 }

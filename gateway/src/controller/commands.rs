@@ -220,11 +220,28 @@ pub(super) struct Shared {
 pub(super) struct LinkRelay {
     pub(super) base: Shared,
     pub(super) link: String,
+    /// Where the link reads its remote's objects from on this replica.
+    pub(super) reads_from: tokio::sync::watch::Receiver<super::runs::Upstream>,
 }
 
 impl crate::registry::Relay for LinkRelay {
     fn holder(&self) -> Option<String> {
         super::lease::holder(&self.base.holders, &self.base.namespace, &self.link)
+    }
+
+    fn holds(&self) -> bool {
+        self.holder().as_deref() == Some(self.base.identity.as_str())
+    }
+
+    fn follows(&self) -> Option<String> {
+        match &*self.reads_from.borrow() {
+            super::runs::Upstream::Remote => None,
+            super::runs::Upstream::Holder { identity, .. } => Some(identity.clone()),
+        }
+    }
+
+    fn reads_from(&self) -> String {
+        self.reads_from.borrow().to_string()
     }
 
     fn forward(

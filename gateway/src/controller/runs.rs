@@ -47,8 +47,8 @@ impl std::fmt::Display for Upstream {
 /// A running link and what it was started from.
 pub(super) struct Running {
     pub(super) desired: DesiredLink,
-    /// Where its upstream reads from now.
-    pub(super) upstream: Upstream,
+    /// Where its upstream reads from now (its relay shows it to the admin API and metrics).
+    pub(super) upstream: watch::Sender<Upstream>,
     pub(super) handle: Arc<LinkHandle>,
     pub(super) stop: watch::Sender<bool>,
     /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
@@ -194,7 +194,7 @@ impl Runs {
         r.desired = d;
         // New credentials matter to a link that reads its remote; one that follows the holder
         // uses them once it reads the remote again.
-        if r.upstream == Upstream::Remote {
+        if *r.upstream.borrow() == Upstream::Remote {
             tracing::info!(link = %r.desired.name, "new credentials: reconnecting the upstream");
             let connect = connect(&self.shared, &r.desired, &Upstream::Remote);
             spawn_reconnect(r.handle.clone(), connect);
@@ -224,12 +224,13 @@ impl Runs {
         let Some(r) = self.running.get_mut(name) else {
             return;
         };
-        if r.upstream == want {
+        if *r.upstream.borrow() == want {
             return;
         }
-        tracing::info!(link = %name, from = %r.upstream, to = %want, "the link's upstream follows the Lease");
+        let from = r.upstream.borrow().to_string();
+        tracing::info!(link = %name, %from, to = %want, "the link's upstream follows the Lease");
         let connect = connect(&self.shared, &r.desired, &want);
-        r.upstream = want;
+        r.upstream.send_replace(want);
         spawn_reconnect(r.handle.clone(), connect);
     }
 
@@ -291,13 +292,15 @@ impl Runs {
         let (deciding, deciding_rx) = watch::channel(false);
         tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
         let transitions = handle.transitions();
+        tracing::info!(link = %d.name, generation = ?link.meta().generation, %upstream, "link started");
+        let (upstream, reads_from) = watch::channel(upstream);
         let relay = Arc::new(LinkRelay {
             base: shared.clone(),
             link: d.name.clone(),
+            reads_from,
         });
         self.registry
             .insert_relayed(handle.clone(), &d.token, Some(relay));
-        tracing::info!(link = %d.name, generation = ?link.meta().generation, %upstream, "link started");
         self.running.insert(
             d.name.clone(),
             Running {
