@@ -186,7 +186,10 @@ async fn losing_the_lease_stops_writing() {
             facade: None,
         },
         fast().lease,
-        wanted,
+        lease::Links {
+            links: wanted,
+            reading: watch::channel(BTreeSet::new()).1,
+        },
         held_tx,
         kube::runtime::reflector::store().1,
         shutdown,
@@ -619,6 +622,88 @@ async fn two_replicas_share_two_links_and_each_remote_is_watched_once() {
         },
     )
     .await;
+    b.stop().await;
+    a.stop().await;
+}
+
+/// Three replicas and three Links: one replica holds all three Leases and watches each remote
+/// once; the second and third take their share (one Lease each, handed over at renewal), and
+/// from the start to the end the remote never serves more watches than one replica's (kube-sim
+/// counts them, sampled every 20 ms through the whole run).
+#[tokio::test]
+async fn three_replicas_hold_one_link_each_and_each_remote_is_watched_once_throughout() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    let names = ["east", "west", "north"];
+    for name in names {
+        add_link(&local, name, &sim, mk_link(name)).await;
+    }
+    let a = Replica::start_first(&local, "replica-a").await;
+    let mut on_a = Vec::new();
+    for n in names {
+        on_a.push(a.consumer(n, &token(n)).await);
+    }
+    until(30, "a holds and serves the three links", async || {
+        let mut all = true;
+        for (n, c) in names.iter().zip(&on_a) {
+            all &= lease_holder(&local, n).as_deref() == Some("replica-a")
+                && service_names(c).await == Some(["web"].map(String::from).into());
+        }
+        all
+    })
+    .await;
+    let one_replica = sim.api.open_watches();
+    assert!(one_replica >= 3 * 4, "a watches each remote: {one_replica}");
+    // The most watches the remote serves at any moment from here on.
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let api = sim.api.clone();
+    let sampler = tokio::spawn(async move {
+        let mut most = 0;
+        loop {
+            most = most.max(api.open_watches());
+            tokio::select! {
+                _ = stopped.changed() => return most,
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
+
+    let b = Replica::start_beside(&local, "replica-b", &a).await;
+    let c = Replica::start_beside(&local, "replica-c", &a).await;
+    until(60, "each replica holds one link", async || {
+        let mut holders: Vec<String> = names
+            .iter()
+            .filter_map(|n| lease_holder(&local, n))
+            .collect();
+        holders.sort();
+        holders == ["replica-a", "replica-b", "replica-c"]
+    })
+    .await;
+    eprintln!("holders: {:?}", names.map(|n| (n, lease_holder(&local, n))));
+    let mut on_c = Vec::new();
+    for n in names {
+        on_c.push(c.consumer(n, &token(n)).await);
+    }
+    until(
+        30,
+        "c serves the three links, the remote watched once per link",
+        async || {
+            let mut all = sim.api.open_watches() == one_replica;
+            for client in &on_c {
+                all &= service_names(client).await == Some(["web"].map(String::from).into());
+            }
+            all
+        },
+    )
+    .await;
+    stop.send_replace(true);
+    let most = sampler.await.expect("sampler");
+    eprintln!("remote watches: {one_replica} with one replica, at most {most} with three");
+    assert_eq!(
+        most, one_replica,
+        "the remote never served more watches than one replica's"
+    );
+    c.stop().await;
     b.stop().await;
     a.stop().await;
 }

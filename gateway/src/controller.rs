@@ -196,7 +196,7 @@ pub async fn serve(
     let shared = Shared {
         api: links_api.clone(),
         links: reader.clone(),
-        holders,
+        holders: holders.clone(),
         namespace: ns.clone(),
         identity: args.identity.clone(),
         peers,
@@ -211,7 +211,7 @@ pub async fn serve(
     let server = boot.start(registry.clone(), listeners, mode_json(&args), signals)?;
 
     // Watched below; on shutdown it gives the held Leases back, which the drain waits for.
-    let (lease_task, wanted_tx, held) =
+    let (lease_task, wanted, held) =
         spawn_lease_loop(leases, &args, timing.lease, leases_seen, shutdown.clone());
     let (status_tx, status_rx) = mpsc::channel(writer::STATUS_QUEUE);
     let (phase_tx, mut phase_rx) = mpsc::channel(writer::PHASE_CHANGES);
@@ -230,13 +230,14 @@ pub async fn serve(
         identity: args.identity.clone(),
         reader,
         recorder,
-        wanted_tx,
+        wanted,
         listed_tx,
         held,
         status_tx,
     };
     let mut status_tick = tokio::time::interval(timing.status_tick);
     let mut shutdown_rx = shutdown.clone();
+    let mut leases_listed = false;
     let mut critical = Critical::new([
         ("the Links' Controller", trigger_task),
         (LEASE_LOOP, lease_task),
@@ -252,7 +253,10 @@ pub async fn serve(
                 }
                 return Err(ended);
             }
-            Some(found) = found.recv() => control.runs.apply(found),
+            // Until the lease loop has listed the Leases, a link would not know its holder and
+            // would start on its remote beside the holder: the Links wait for them.
+            Ok(()) = holders.wait_until_ready(), if !leases_listed => leases_listed = true,
+            Some(found) = found.recv(), if leases_listed => control.runs.apply(found),
             Some(seeded) = seeded.recv() => control.runs.seeded(seeded),
             Some(change) = phase_rx.recv() => control.record_phase(&ns, &change),
             _ = status_tick.tick() => control.tick(),
@@ -267,6 +271,14 @@ pub async fn serve(
     Ok(drained?)
 }
 
+/// What the controller's loop tells the lease loop ([`lease::Links`]).
+struct Wanted {
+    /// The links whose Leases this replica wants: every Link's.
+    links: watch::Sender<BTreeSet<String>>,
+    /// The links whose remote this replica reads now.
+    reading: watch::Sender<BTreeSet<String>>,
+}
+
 /// Starts the lease loop: it takes the Leases of the links wanted (the sender it returns),
 /// says which it holds (the receiver), and gives them back at shutdown.
 fn spawn_lease_loop(
@@ -277,19 +289,25 @@ fn spawn_lease_loop(
     shutdown: watch::Receiver<bool>,
 ) -> (
     tokio::task::JoinHandle<()>,
-    watch::Sender<BTreeSet<String>>,
+    Wanted,
     watch::Receiver<BTreeSet<String>>,
 ) {
-    let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
+    let (wanted_tx, links) = watch::channel(BTreeSet::new());
+    let (reading_tx, reading) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
     let claimant = lease::Claimant {
         identity: args.identity.clone(),
         facade: args.advertise_address.clone(),
     };
+    let links = lease::Links { links, reading };
     let task = tokio::spawn(lease::run(
-        leases, claimant, timing, wanted, held_tx, seen, shutdown,
+        leases, claimant, timing, links, held_tx, seen, shutdown,
     ));
-    (task, wanted_tx, held)
+    let wanted = Wanted {
+        links: wanted_tx,
+        reading: reading_tx,
+    };
+    (task, wanted, held)
 }
 
 /// Waits, at shutdown, for the lease loop to give the held Leases back (it began when the
@@ -313,8 +331,8 @@ struct Control {
     recorder: Recorder,
     commands: commands::Commands,
     runs: Runs,
-    /// The links whose Leases this replica wants: every Link's.
-    wanted_tx: watch::Sender<BTreeSet<String>>,
+    /// What the lease loop is told.
+    wanted: Wanted,
     /// True once every Link listed has been reconciled (readiness).
     listed_tx: watch::Sender<bool>,
     /// The links whose Leases this replica holds.
@@ -334,11 +352,14 @@ impl Control {
         let links = self.reader.state();
         let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
         self.runs.prune(&names);
-        self.wanted_tx.send_if_modified(|wanted| {
-            let changed = *wanted != names;
-            *wanted = names;
-            changed
-        });
+        let reading = self.runs.reading_remote();
+        for (tx, now) in [(&self.wanted.links, names), (&self.wanted.reading, reading)] {
+            tx.send_if_modified(|was| {
+                let changed = *was != now;
+                *was = now;
+                changed
+            });
+        }
         if self.runs.settled(&links) {
             self.listed_tx.send_replace(true);
         }

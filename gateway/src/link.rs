@@ -69,6 +69,9 @@ pub enum Command {
     /// Reach the remote this new way (rotated credentials): the upstream reconnects and
     /// relists while the view, its versions and its watches carry on.
     Reconnect(Reconnect),
+    /// Stop reading the remote, and serve the view as it is until told where to read from
+    /// ([`Command::Reconnect`]); the string says why.
+    Disconnect(String),
 }
 
 /// New credentials for a link: how to reach its remote from now on.
@@ -166,6 +169,16 @@ impl LinkHandle {
     pub async fn reconnect(&self, connect: Connect) -> Result<(), LinkError> {
         self.commands
             .send(Command::Reconnect(Reconnect(connect)))
+            .await
+            .map_err(|_| LinkError::Stopped)
+    }
+
+    /// Stops reading the remote (in cluster mode: the link is being handed to another replica,
+    /// which must not read it at the same time); the view keeps serving, and a later
+    /// [`LinkHandle::reconnect`] reads again. `why` becomes the link's message.
+    pub async fn disconnect(&self, why: String) -> Result<(), LinkError> {
+        self.commands
+            .send(Command::Disconnect(why))
             .await
             .map_err(|_| LinkError::Stopped)
     }

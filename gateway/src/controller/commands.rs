@@ -235,7 +235,7 @@ impl crate::registry::Relay for LinkRelay {
 
     fn follows(&self) -> Option<String> {
         match &*self.reads_from.borrow() {
-            super::runs::Upstream::Remote => None,
+            super::runs::Upstream::Remote | super::runs::Upstream::HandingOver => None,
             super::runs::Upstream::Holder { identity, .. } => Some(identity.clone()),
         }
     }

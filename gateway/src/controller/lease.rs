@@ -308,6 +308,16 @@ fn freed(api: Api<Lease>, seen: Writer<Lease>) -> impl futures_util::Stream<Item
         })
 }
 
+/// What the controller tells the lease loop.
+#[derive(Debug)]
+pub struct Links {
+    /// The links whose Leases this replica wants: every Link's.
+    pub links: watch::Receiver<BTreeSet<String>>,
+    /// The links whose remote this replica reads now: a Lease handed over goes back only once
+    /// its link has stopped reading, so that two replicas never read one remote.
+    pub reading: watch::Receiver<BTreeSet<String>>,
+}
+
 /// Keeps holding this replica's share of the Leases of the links in `links`, publishing the
 /// set held on `held` and the Leases it watches in `seen`'s store. The replicas share the
 /// links: each holds a presence Lease, takes free Leases while it holds less than its
@@ -319,7 +329,7 @@ pub async fn run(
     api: Api<Lease>,
     me: Claimant,
     timing: LeaseTiming,
-    mut links: watch::Receiver<BTreeSet<String>>,
+    Links { mut links, reading }: Links,
     held: watch::Sender<BTreeSet<String>>,
     seen: Writer<Lease>,
     mut shutdown: watch::Receiver<bool>,
@@ -331,6 +341,9 @@ pub async fn run(
     let namespace = api.namespace().unwrap_or_default().to_owned();
     let presence = format!("{REPLICA_PREFIX}{}", me.identity);
     let mut freed = std::pin::pin!(freed(api.clone(), seen));
+    // A link over this replica's share, out of `held` since the last renewal (so that its
+    // upstream stops reading the remote) and given back at this one.
+    let mut leaving: Option<String> = None;
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -351,7 +364,25 @@ pub async fn run(
         });
         let now = jiff::Timestamp::now();
         let share = share(wanted.len(), live_replicas(&leases, &me.identity, now));
+        if let Some(link) = leaving.take_if(|l| reading.borrow().contains(l)) {
+            // Its link still reads the remote: the Lease is kept a renewal more.
+            if let Err(e) = try_hold(&api, &link, &me, timing).await {
+                tracing::warn!(%link, error = %e, "cannot renew the Lease of a link handed over");
+            }
+            leaving = Some(link);
+        } else if let Some(link) = leaving.take() {
+            match give_back(&api, &link, &me.identity).await {
+                Ok(true) => {
+                    tracing::info!(%link, "gave the link's Lease back: this replica holds more than its share")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(%link, error = %e, "cannot give the link's Lease back"),
+            }
+        }
         for link in &wanted {
+            if leaving.as_ref() == Some(link) {
+                continue;
+            }
             let mine = held.borrow().contains(link);
             let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(&namespace));
             if !mine && !worth_taking(lease.as_deref(), held.borrow().len(), share, now, timing) {
@@ -375,24 +406,22 @@ pub async fn run(
                 }
             });
         }
-        // More than its share: one Lease back per renewal, for a replica with less to take.
+        // More than its share: one Lease back per renewal, for a replica with less to take. It
+        // leaves `held` now and its Lease at the next renewal: this replica stops reading its
+        // remote in between, so two replicas never read one remote (break before make).
         let excess = (held.borrow().len() > share)
             .then(|| held.borrow().iter().next_back().cloned())
             .flatten();
         if let Some(link) = excess {
+            tracing::info!(%link, share, "handing the link over: its Lease goes back at the next renewal");
             held.send_modify(|h| {
                 h.remove(&link);
             });
-            match give_back(&api, &link, &me.identity).await {
-                Ok(true) => {
-                    tracing::info!(%link, share, "gave the link's Lease back: this replica holds more than its share")
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(%link, error = %e, "cannot give the link's Lease back"),
-            }
+            leaving = Some(link);
         }
     }
-    let given = held.send_replace(BTreeSet::new());
+    let mut given = held.send_replace(BTreeSet::new());
+    given.extend(leaving);
     // The presence first: a replica that sees a link's Lease freed already counts one replica
     // less, so its share covers the link.
     if let Err(e) = give_back_named(&api, presence, &me.identity).await {

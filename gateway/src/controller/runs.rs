@@ -31,6 +31,9 @@ pub(super) enum Upstream {
         /// Its facade.
         facade: String,
     },
+    /// Nothing: this replica is giving the link's Lease back (it holds more than its share),
+    /// and stops reading the remote before it does, so that the next holder is the only one.
+    HandingOver,
 }
 
 impl std::fmt::Display for Upstream {
@@ -39,6 +42,9 @@ impl std::fmt::Display for Upstream {
             Self::Remote => f.write_str("the remote"),
             Self::Holder { identity, facade } => {
                 write!(f, "the facade of Lease holder {identity} at {facade}")
+            }
+            Self::HandingOver => {
+                f.write_str("nothing: handing the link's Lease to another replica")
             }
         }
     }
@@ -208,10 +214,16 @@ impl Runs {
         if held {
             return Some(Upstream::Remote);
         }
+        // Without peers every replica reads every remote.
         self.shared.peers.as_ref()?;
-        let (identity, facade) =
-            super::lease::holder_facade(&self.shared.holders, &self.shared.namespace, name)?;
-        (identity != self.shared.identity).then_some(Upstream::Holder { identity, facade })
+        let (holders, namespace) = (&self.shared.holders, &self.shared.namespace);
+        if super::lease::holder(holders, namespace, name)? == self.shared.identity {
+            // The Lease still names this replica, which no longer counts it held: it goes back
+            // at the next renewal. Whoever takes it reads the remote; this replica stops now.
+            return Some(Upstream::HandingOver);
+        }
+        let (identity, facade) = super::lease::holder_facade(holders, namespace, name)?;
+        Some(Upstream::Holder { identity, facade })
     }
 
     /// Points link `name`'s upstream at its remote or at the Lease holder's facade, as the
@@ -229,9 +241,31 @@ impl Runs {
         }
         let from = r.upstream.borrow().to_string();
         tracing::info!(link = %name, %from, to = %want, "the link's upstream follows the Lease");
+        if want == Upstream::HandingOver {
+            let handle = r.handle.clone();
+            r.upstream.send_replace(want);
+            tokio::spawn(async move {
+                let why = "handing the link over to another replica: reading from it once it holds the Lease";
+                let _ = handle.disconnect(why.into()).await;
+            });
+            return;
+        }
         let connect = connect(&self.shared, &r.desired, &want);
         r.upstream.send_replace(want);
         spawn_reconnect(r.handle.clone(), connect);
+    }
+
+    /// The links that read their remote now: those that should, and those handed over whose
+    /// task has not stopped reading yet.
+    pub(super) fn reading_remote(&self) -> BTreeSet<String> {
+        (self.running.iter())
+            .filter(|(_, r)| match &*r.upstream.borrow() {
+                Upstream::Remote => true,
+                Upstream::HandingOver => r.handle.state.borrow().connected,
+                Upstream::Holder { .. } => false,
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// Stops what runs for Links the cache no longer holds (a deleted Link is not reconciled);
@@ -272,9 +306,11 @@ impl Runs {
         });
         // A replica that starts while another holds the Lease reads that replica's facade from
         // the start: a rollout does not list every remote again.
-        let upstream = self
-            .upstream_for(&d.name, false)
-            .unwrap_or(Upstream::Remote);
+        let upstream = match self.upstream_for(&d.name, false) {
+            Some(holder @ Upstream::Holder { .. }) => holder,
+            // Nobody holds it, or this replica did before it restarted: it takes it back.
+            _ => Upstream::Remote,
+        };
         let connect = connect(shared, &d, &upstream);
         let handle = Arc::new(link::spawn_restored(
             &d.name,

@@ -229,6 +229,15 @@ impl<W: Wire> LinkTask<W> {
                 self.connect(connect);
                 return false;
             }
+            Command::Disconnect(why) => {
+                tracing::info!(%why, "the upstream stops; the view keeps serving");
+                self.stop_upstream();
+                self.remote = None;
+                self.connecting = None;
+                self.generation += 1;
+                self.out.state.send_modify(|s| s.message = why);
+                return false;
+            }
         };
         // The transition's effects are carried out with the engine's others.
         self.answer = Some((reply, result));

@@ -357,3 +357,32 @@ async fn shutdown_ends_the_task_and_stops_its_watchers() {
         .expect("without panicking");
     assert!(!run.is_live());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_disconnected_link_reads_nothing_until_told_where_to_read_again() {
+    let mut link = Link::start(0);
+    let first = link.run(1).await;
+    first.list(&["web"]).await;
+    link.serves(&["web"]).await;
+
+    let why = "handing the link over";
+    link.commands
+        .send(Command::Disconnect(why.into()))
+        .await
+        .expect("sent");
+    link.until("disconnected", |s| !s.connected && s.message == why)
+        .await;
+    assert!(!first.is_live(), "its watchers are stopped");
+    // What the stopped run still sends is not taken; the view stays as it was.
+    first.send(Change::Delete(service("web").key())).await;
+    let reconnect = Command::Reconnect(super::super::Reconnect(no_credentials()));
+    link.commands.send(reconnect).await.expect("sent");
+    let second = link.run(2).await;
+    assert!(second.generation > first.generation);
+    second.list(&["web", "api"]).await;
+    link.serves(&["api", "web"]).await;
+    link.until("connected again", |s| {
+        s.connected && s.phase == Phase::Healthy
+    })
+    .await;
+}
