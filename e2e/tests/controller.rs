@@ -627,9 +627,9 @@ async fn two_replicas_share_two_links_and_each_remote_is_watched_once() {
 }
 
 /// Three replicas and three Links: one replica holds all three Leases and watches each remote
-/// once; the second and third take their share (one Lease each, handed over at renewal), and
-/// from the start to the end the remote never serves more watches than one replica's (kube-sim
-/// counts them, sampled every 20 ms through the whole run).
+/// once; the second and third take their share (one Lease each, handed over at renewal); the
+/// third drains and its link goes to another; from the start to the end the remote never serves
+/// more watches than one replica's (kube-sim counts them, sampled every 20 ms throughout).
 #[tokio::test]
 async fn three_replicas_hold_one_link_each_and_each_remote_is_watched_once_throughout() {
     let local = RunningLocal::start().await.expect("local cluster");
@@ -696,14 +696,30 @@ async fn three_replicas_hold_one_link_each_and_each_remote_is_watched_once_throu
         },
     )
     .await;
+    // c drains, as in a rolling restart: its link goes to a or b, which reads the remote only
+    // once c has stopped reading it.
+    c.stop().await;
+    until(
+        30,
+        "a and b hold the three links, the remote watched once per link",
+        async || {
+            let holders = names.map(|n| lease_holder(&local, n));
+            holders
+                .iter()
+                .all(|h| matches!(h.as_deref(), Some("replica-a" | "replica-b")))
+                && sim.api.open_watches() == one_replica
+        },
+    )
+    .await;
     stop.send_replace(true);
     let most = sampler.await.expect("sampler");
-    eprintln!("remote watches: {one_replica} with one replica, at most {most} with three");
+    eprintln!(
+        "remote watches: {one_replica} with one replica, at most {most} with three and after one drained"
+    );
     assert_eq!(
         most, one_replica,
         "the remote never served more watches than one replica's"
     );
-    c.stop().await;
     b.stop().await;
     a.stop().await;
 }

@@ -264,6 +264,9 @@ pub async fn serve(
     }
     // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
     // get their last BOOKMARK, then the admin listener.
+    // The links stop reading their remotes before their Leases go back (the lease loop waits
+    // for it), and serve their views to the end of the drain.
+    control.stop_reading().await;
     tracing::info!(?deadline, "shutting down: readiness off, draining watchers");
     let drained = server.shutdown(&registry, switches, deadline).await;
     control.runs.stop_all();
@@ -376,6 +379,25 @@ impl Control {
         for link in links {
             tick.link(&link, &mut self.runs);
         }
+    }
+
+    /// At shutdown: every link stops reading its remote (the view keeps serving), and the lease
+    /// loop is told once they have, within a second.
+    async fn stop_reading(&mut self) {
+        let handles: Vec<_> = (self.runs.running.values())
+            .map(|r| r.handle.clone())
+            .collect();
+        for h in &handles {
+            let _ = h.disconnect("the replica is stopping".into()).await;
+        }
+        let stopped = async {
+            for h in &handles {
+                let mut state = h.state.clone();
+                let _ = state.wait_for(|s| !s.connected).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), stopped).await;
+        self.wanted.reading.send_replace(BTreeSet::new());
     }
 
     /// The holder wrote a new phase: record it as an Event on the Link.

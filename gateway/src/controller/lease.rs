@@ -422,6 +422,14 @@ pub async fn run(
     }
     let mut given = held.send_replace(BTreeSet::new());
     given.extend(leaving);
+    // The links stop reading their remotes first (the controller disconnects them on the same
+    // signal), so that whoever takes a Lease is the only one reading; not longer than a
+    // renewal, after which the Leases go back all the same.
+    let mut reading = reading;
+    let stopped = reading.wait_for(|r| r.iter().all(|l| !given.contains(l)));
+    if tokio::time::timeout(timing.renew, stopped).await.is_err() {
+        tracing::warn!("links still read their remotes: giving their Leases back all the same");
+    }
     // The presence first: a replica that sees a link's Lease freed already counts one replica
     // less, so its share covers the link.
     if let Err(e) = give_back_named(&api, presence, &me.identity).await {
