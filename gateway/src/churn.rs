@@ -518,14 +518,16 @@ impl Engine {
 
     fn transitioned(&mut self, t: Transition) {
         match self.machine.state() {
-            State::Quarantined(_) => {
+            State::Quarantined(q) => {
+                // Entered just now (`trip`, `quarantine`): its start is the time it is.
+                let now = q.since;
                 if matches!(t.from, StateName::Active | StateName::Rechecking) {
                     self.effects.push(Effect::StopUpstream);
                 }
                 if !self.sync.once {
                     // A quarantine never means "unavailable": without a last good view, serve
                     // what was listed, every service capped, and count as synced.
-                    self.publish_all();
+                    self.publish_all(now);
                 }
                 self.store.clear();
                 self.sync.clear();
@@ -641,7 +643,7 @@ impl Engine {
         }
         if !self.sync.once {
             // The first sync goes out at once and whole: consumers must sync fast.
-            self.publish_all();
+            self.publish_all(now);
             self.republish = false;
         }
         if self.republish {
@@ -656,7 +658,7 @@ impl Engine {
         self.schedule.promote(now);
         let mut link_token = false;
         while let Some(g) = self.schedule.next(now, &mut link_token) {
-            self.publish(&g);
+            self.publish(&g, now);
         }
         earliest([
             self.schedule.next_wake(),
@@ -667,21 +669,21 @@ impl Engine {
 
     /// Publishes every group the store could publish, outside the budget (the first sync, or a
     /// quarantine that comes before it), and counts the link as synced.
-    fn publish_all(&mut self) {
+    fn publish_all(&mut self, now: Instant) {
         self.sync.once = true;
         for g in self.store.groups() {
-            self.publish(&g);
+            self.publish(&g, now);
         }
     }
 
     /// Publishes one group; a contained service that has published already publishes only the
     /// pods behind its frozen endpoints. Forgets a group whose service is gone.
-    fn publish(&mut self, g: &Group) {
+    fn publish(&mut self, g: &Group, now: Instant) {
         let frozen = matches!(g, Group::Service(svc) if self.containment.holds(svc));
         let fetch = if frozen {
-            self.publisher.publish_frozen(g, &mut self.store)
+            self.publisher.publish_frozen(g, &mut self.store, now)
         } else {
-            self.publisher.publish(g, &mut self.store)
+            self.publisher.publish(g, &mut self.store, now)
         };
         if !fetch.is_empty() {
             self.effects.push(Effect::FetchPods(fetch));

@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 use tower_http::compression::predicate::Predicate;
 use tower_http::compression::{CompressionLayer, CompressionLevel};
 
@@ -144,7 +145,7 @@ pub fn list(
             let t = ContinueToken::decode(token)?;
             kept = view
                 .pages()
-                .get(def.kind, namespace, t.rv)
+                .get(def.kind, namespace, t.rv, Instant::now())
                 .ok_or_else(continue_expired)?;
             (t.rv, &kept, Some(t.after))
         }
@@ -180,8 +181,13 @@ pub fn list(
     };
     if more {
         if after.is_none() {
-            view.pages()
-                .keep(def.kind, namespace, resource_version, Items::from(all));
+            view.pages().keep(
+                def.kind,
+                namespace,
+                resource_version,
+                Items::from(all),
+                Instant::now(),
+            );
         }
         let token = ContinueToken {
             v: TOKEN_VERSION.into(),
