@@ -80,36 +80,15 @@ impl Watch<'_> {
     /// Spawns the watchers of what the link's selector selects (`labelled`): Services, and the
     /// EndpointSlices and Endpoints their controllers label as their service.
     pub(super) fn selected(&self, tasks: &mut JoinSet<()>, labelled: &watcher::Config) {
-        let c = self.client.clone();
-        self.spawn(
-            tasks,
-            Kind::Service,
-            labelled.clone(),
-            move |w| watcher::watcher(Api::<Service>::all(c.clone()), w),
-            |s| typed(s, |s| Object::Service(Arc::new(s))),
-            Gate::Open,
-            None,
-        );
-        let c = self.client.clone();
-        self.spawn(
-            tasks,
-            Kind::EndpointSlice,
-            labelled.clone(),
-            move |w| watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w),
-            |s| typed(s, |s| Object::EndpointSlice(Arc::new(trim::slice(s)))),
-            Gate::Open,
-            None,
-        );
-        let c = self.client.clone();
-        self.spawn(
-            tasks,
-            Kind::Endpoints,
-            labelled.clone(),
-            move |w| watcher::watcher(Api::<Endpoints>::all(c.clone()), w),
-            |s| typed(s, |s| Object::Endpoints(Arc::new(trim::endpoints(s)))),
-            Gate::Open,
-            None,
-        );
+        self.spawn_open::<Service>(tasks, Kind::Service, labelled.clone(), |s| {
+            typed(s, |s| Object::Service(Arc::new(s)))
+        });
+        self.spawn_open::<EndpointSlice>(tasks, Kind::EndpointSlice, labelled.clone(), |s| {
+            typed(s, |s| Object::EndpointSlice(Arc::new(trim::slice(s))))
+        });
+        self.spawn_open::<Endpoints>(tasks, Kind::Endpoints, labelled.clone(), |s| {
+            typed(s, |s| Object::Endpoints(Arc::new(trim::endpoints(s))))
+        });
     }
 
     /// Spawns the pod watcher: cluster-wide (`all`), pods read as their JSON and only the
@@ -135,20 +114,11 @@ impl Watch<'_> {
 
     /// Spawns the ReplicaSet watcher: cluster-wide (`all`), metadata only.
     pub(super) fn replica_sets(&self, tasks: &mut JoinSet<()>, all: watcher::Config) {
-        let c = self.client.clone();
-        self.spawn(
-            tasks,
-            Kind::ReplicaSet,
-            all,
-            move |w| watcher::watcher(Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()), w),
-            |m| {
-                typed(m, |m| {
-                    Object::ReplicaSet(Arc::new(trim::replica_set(m.metadata)))
-                })
-            },
-            Gate::Open,
-            None,
-        );
+        self.spawn_open::<PartialObjectMeta<ReplicaSet>>(tasks, Kind::ReplicaSet, all, |m| {
+            typed(m, |m| {
+                Object::ReplicaSet(Arc::new(trim::replica_set(m.metadata)))
+            })
+        });
     }
 
     /// Spawns the watcher of Linkerd `Server`s (`policy.linkerd.io/v1beta3`), cluster-wide
@@ -173,6 +143,34 @@ impl Watch<'_> {
                     }))
                 })
             },
+            Gate::Open,
+            None,
+        );
+    }
+
+    /// Spawns the watcher of `kind`, a typed resource `K` read with `cfg` across every
+    /// namespace, that starts at once and decodes every object ([`Watch::spawn`]).
+    fn spawn_open<K>(
+        &self,
+        tasks: &mut JoinSet<()>,
+        kind: Kind,
+        cfg: watcher::Config,
+        admit: fn(K) -> Result<Object, Refused>,
+    ) where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
+        let c = self.client.clone();
+        self.spawn(
+            tasks,
+            kind,
+            cfg,
+            move |w| watcher::watcher(Api::<K>::all(c.clone()), w),
+            admit,
             Gate::Open,
             None,
         );
