@@ -17,6 +17,7 @@ use floodgate::model::{Kind, NsName, ObjKey, Object, Server};
 use floodgate::view::{Change, View};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 /// A writable store of the six resources a link follows.
 #[derive(Debug)]
@@ -53,13 +54,15 @@ impl SimStore {
     /// Creates or replaces objects, as controllers do.
     pub fn apply(&self, objects: impl IntoIterator<Item = Object>) {
         let _w = self.writes.lock().unwrap_or_else(|e| e.into_inner());
-        self.view.apply(objects.into_iter().map(Change::Upsert));
+        self.view
+            .apply(objects.into_iter().map(Change::Upsert), Instant::now());
     }
 
     /// Deletes objects.
     pub fn delete(&self, keys: impl IntoIterator<Item = ObjKey>) {
         let _w = self.writes.lock().unwrap_or_else(|e| e.into_inner());
-        self.view.apply(keys.into_iter().map(Change::Delete));
+        self.view
+            .apply(keys.into_iter().map(Change::Delete), Instant::now());
     }
 
     /// Makes every request fail with `error` (a 500 or 429 storm), or recover with `None`.
@@ -159,7 +162,9 @@ impl Simulation for SimStore {
             serde_json::from_slice(&s.json()).map_err(bad)
         };
         let publish = |obj: Object| -> Result<Value, StatusError> {
-            let events = self.view.apply([Change::Upsert(obj.clone())]);
+            let events = self
+                .view
+                .apply([Change::Upsert(obj.clone())], Instant::now());
             let stored = match events.first() {
                 Some(e) => e.object.clone(),
                 None => self
@@ -247,7 +252,7 @@ impl Simulation for SimStore {
             }
             (&Method::DELETE, Some(name)) => {
                 let current = stored_json(&key(name))?;
-                self.view.apply([Change::Delete(key(name))]);
+                self.view.apply([Change::Delete(key(name))], Instant::now());
                 Ok((StatusCode::OK, current))
             }
             (m, _) => Err(StatusError::new(

@@ -27,11 +27,15 @@
 //! The caller (the link task) calls [`Engine::ingest`] for every upstream change, then
 //! [`Engine::poll`] and sleeps until the instant it returns; it carries out
 //! [`Engine::take_effects`] (stop or restart upstream, fetch pods) and reports transitions.
+//! The engine's two entries live in their own files: what a change does in `ingest.rs`, what
+//! time does in `poll.rs`; this file holds the engine's state and its quarantine decisions.
 
 pub mod cap;
 pub mod contain;
 pub mod flood;
+mod ingest;
 pub mod limit;
+mod poll;
 pub mod publish;
 pub mod quarantine;
 pub mod restore;
@@ -40,7 +44,7 @@ mod schedule;
 pub use schedule::{DELAY_BUCKETS, Delays};
 pub mod store;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use floodgate_link_crd::{LinkSpec, Phase};
 use serde::Serialize;
@@ -53,7 +57,7 @@ use self::quarantine::{Machine, RequestError, State, StateName, Transition};
 use self::schedule::Scheduler;
 use self::store::Store;
 use crate::model::{Group, Kind, NsName, ObjKey, Object};
-use crate::view::{DEFAULT_HISTORY_AGE, View};
+use crate::view::View;
 
 /// One upstream change, as the watchers report it.
 #[derive(Clone, Debug)]
@@ -328,166 +332,14 @@ impl Engine {
         std::mem::take(&mut self.effects)
     }
 
-    /// Takes one upstream change.
-    pub fn ingest(&mut self, change: Change, now: Instant) {
-        self.ingested.upstream += 1;
-        if matches!(self.machine.state(), State::Quarantined(_)) {
-            // Upstream is being stopped: what is still in flight is dropped with the cache.
-            return;
-        }
-        match change {
-            Change::InitStart(kind) => {
-                self.sync.relisting.insert(kind, HashSet::new());
-            }
-            Change::InitDone(kind) => {
-                let seen = self.sync.relisting.remove(&kind).unwrap_or_default();
-                for id in self.store.keys(kind) {
-                    if !seen.contains(&id) {
-                        self.change(ObjKey { kind, id }, None, now, false);
-                    }
-                }
-                self.sync.synced.insert(kind);
-                if matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints) {
-                    // The upstream lists pods after Services, slices and Endpoints: know which
-                    // pods the selections will want before they come. A contained service that
-                    // has published wants those its frozen endpoints name already; one that
-                    // has not will publish its first capped subset, as any service.
-                    for g in self.store.groups() {
-                        let frozen = matches!(&g, Group::Service(svc) if self.containment.holds(svc))
-                            && self.publisher.has_published(&g);
-                        if !frozen {
-                            self.publisher.preselect(&g, &mut self.store);
-                        }
-                    }
-                }
-            }
-            Change::Fetched(obj) => {
-                let mut obj = obj.into_sanitized();
-                self.publisher.share_name(&mut obj);
-                let key = obj.key();
-                if key.kind == Kind::Pod
-                    && self.publisher.take_fetched(&key.id)
-                    && self.store.pod(&key.id).is_none()
-                {
-                    self.change(key, Some(obj), now, false);
-                }
-            }
-            Change::Apply(obj) => {
-                let mut obj = obj.into_sanitized();
-                self.publisher.share_name(&mut obj);
-                let key = obj.key();
-                if key.kind == Kind::Pod {
-                    self.publisher.seen(&key.id);
-                    if !self.publisher.wants(&key.id) && self.store.pod(&key.id).is_none() {
-                        // Behind no published endpoint: costs its decoding, nothing more.
-                        self.ingested.irrelevant += 1;
-                        return;
-                    }
-                }
-                // A relist is state, not churn: it does not count towards the event rates.
-                let listing = match self.sync.relisting.get_mut(&key.kind) {
-                    Some(seen) => {
-                        seen.insert(key.id.clone());
-                        true
-                    }
-                    None => false,
-                };
-                self.change(key, Some(obj), now, !listing);
-            }
-            Change::Delete(key) => {
-                if key.kind == Kind::Pod {
-                    self.publisher.seen(&key.id);
-                }
-                self.change(key, None, now, true);
-            }
-        }
-    }
-
-    fn change(&mut self, key: ObjKey, obj: Option<Object>, now: Instant, churn: bool) {
-        let touched = self.store.change(&key, obj);
-        let mut groups = touched.groups;
-        for pod in &touched.pods {
-            for svc in self.publisher.wanting(pod) {
-                let g = Group::Service(svc.clone());
-                if !groups.contains(&g) {
-                    groups.push(g);
-                }
-            }
-        }
-        if !touched.relevant && groups.is_empty() {
-            self.ingested.irrelevant += 1;
-            return;
-        }
-        self.ingested.relevant += 1;
-        let mut link_counts = false;
-        for g in groups {
-            if let Group::Service(svc) = &g {
-                if key.kind == Kind::Service && self.store.service(svc).is_none() {
-                    // The service left upstream: its containment ends with it.
-                    if let Some(t) = self.containment.forget(svc) {
-                        self.effects.push(Effect::Transition(t));
-                    }
-                }
-                if churn {
-                    let flood = &self.flood;
-                    let weight = touched.endpoints_changed as u64;
-                    let (counts, over) = self
-                        .containment
-                        .record(svc, now, weight, || flood.service_rate());
-                    link_counts |= counts;
-                    if let Some(over) = over {
-                        let trigger = self.flood.service_trigger(svc, over);
-                        self.contain(svc, now, trigger);
-                    }
-                }
-                // At a slice change, and when the service itself arrives: its slices may have
-                // come first (each kind has its own watch), when it was not selected yet.
-                if matches!(key.kind, Kind::EndpointSlice | Kind::Service)
-                    && let Some(t) = self
-                        .flood
-                        .check_endpoints(svc, self.store.endpoint_count(svc))
-                {
-                    self.contain(svc, now, t);
-                }
-                if self.containment.holds(svc)
-                    && self.publisher.has_published(&g)
-                    && !matches!(key.kind, Kind::Pod | Kind::ReplicaSet)
-                {
-                    // Contained: its endpoints are served as they were published until it is
-                    // released. The pods they name are not held back: they are published as
-                    // any service's (`publish`), so consumers resolve what they are served.
-                    self.ingested.contained += 1;
-                    continue;
-                }
-            } else {
-                link_counts = true;
-            }
-            if self.schedule.mark(&g, Some(key.kind), now) {
-                self.ingested.coalesced += 1;
-            }
-        }
-        if churn
-            && link_counts
-            && let Some(over) = self.flood.link.record(now)
-        {
-            self.trip(now, self.flood.link_trigger(over));
-        }
-        if let Some(t) = self.flood.check_objects(self.store.len()) {
-            self.trip(now, t);
-        }
-    }
-
     /// Judges every selected service against the endpoint threshold from the state held, and
     /// contains those over it.
     fn assess_services(&mut self, now: Instant) {
         for g in self.store.groups() {
             if let Group::Service(svc) = &g
                 && !self.containment.holds(svc)
-                && let Some(t) = self
-                    .flood
-                    .check_endpoints(svc, self.store.endpoint_count(svc))
             {
-                self.contain(svc, now, t);
+                self.check_endpoints(svc, now);
             }
         }
     }
@@ -518,14 +370,16 @@ impl Engine {
 
     fn transitioned(&mut self, t: Transition) {
         match self.machine.state() {
-            State::Quarantined(_) => {
+            State::Quarantined(q) => {
+                // Entered just now (`trip`, `quarantine`): its start is the time it is.
+                let now = q.since;
                 if matches!(t.from, StateName::Active | StateName::Rechecking) {
                     self.effects.push(Effect::StopUpstream);
                 }
                 if !self.sync.once {
                     // A quarantine never means "unavailable": without a last good view, serve
                     // what was listed, every service capped, and count as synced.
-                    self.publish_all();
+                    self.publish_all(now);
                 }
                 self.store.clear();
                 self.sync.clear();
@@ -599,105 +453,6 @@ impl Engine {
         self.effects.push(Effect::Transition(t.clone()));
         Ok(t)
     }
-
-    /// Moves time on: publishes what is due and affordable. Returns when to poll again.
-    pub fn poll(&mut self, now: Instant) -> Option<Instant> {
-        if let Some(cutoff) = now.checked_sub(DEFAULT_HISTORY_AGE) {
-            self.view().expire_history(cutoff);
-        }
-        let all_synced = self.sync.all();
-        if let Some(t) = self.machine.tick(now, all_synced) {
-            self.transitioned(t);
-        }
-        if !matches!(self.machine.state(), State::Quarantined(_))
-            && let Some(over) = self.flood.link.tick(now)
-        {
-            self.trip(now, self.flood.link_trigger(over));
-        }
-        if self.assess && self.deciding && all_synced && !self.machine.is_frozen() {
-            self.assess = false;
-            self.assess_services(now);
-        }
-        if !self.machine.is_frozen() && self.deciding {
-            let (store, flood) = (&self.store, &self.flood);
-            let over = |svc: &NsName| flood.check_endpoints(svc, store.endpoint_count(svc));
-            for t in self.containment.tick(now, all_synced, over) {
-                if t.to == StateName::Active
-                    && let Some(svc) = &t.service
-                {
-                    self.schedule.mark(&Group::Service(svc.clone()), None, now);
-                }
-                self.effects.push(Effect::Transition(t));
-            }
-        }
-        let all_synced = self.sync.all();
-        let deadlines = [
-            self.machine.next_deadline(),
-            self.containment.next_deadline(),
-            self.flood.link.next_boundary(),
-        ];
-        if self.machine.is_frozen() || !all_synced {
-            return earliest(deadlines);
-        }
-        if !self.sync.once {
-            // The first sync goes out at once and whole: consumers must sync fast.
-            self.publish_all();
-            self.republish = false;
-        }
-        if self.republish {
-            // After a quarantine: converge to upstream through the budget.
-            self.republish = false;
-            let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
-            all.extend(self.publisher.published_groups().cloned());
-            for g in all {
-                self.schedule.mark(&g, None, now);
-            }
-        }
-        self.schedule.promote(now);
-        let mut link_token = false;
-        while let Some(g) = self.schedule.next(now, &mut link_token) {
-            self.publish(&g);
-        }
-        earliest([
-            self.schedule.next_wake(),
-            self.containment.next_deadline(),
-            self.flood.link.next_boundary(),
-        ])
-    }
-
-    /// Publishes every group the store could publish, outside the budget (the first sync, or a
-    /// quarantine that comes before it), and counts the link as synced.
-    fn publish_all(&mut self) {
-        self.sync.once = true;
-        for g in self.store.groups() {
-            self.publish(&g);
-        }
-    }
-
-    /// Publishes one group; a contained service that has published already publishes only the
-    /// pods behind its frozen endpoints. Forgets a group whose service is gone.
-    fn publish(&mut self, g: &Group) {
-        let frozen = matches!(g, Group::Service(svc) if self.containment.holds(svc));
-        let fetch = if frozen {
-            self.publisher.publish_frozen(g, &mut self.store)
-        } else {
-            self.publisher.publish(g, &mut self.store)
-        };
-        if !fetch.is_empty() {
-            self.effects.push(Effect::FetchPods(fetch));
-        }
-        let gone = match g {
-            Group::Service(svc) => self.store.service(svc).is_none(),
-            Group::Servers(ns) => self.store.servers_in(ns).is_empty(),
-        };
-        if gone && !self.publisher.has_published(g) {
-            self.schedule.forget(g);
-        }
-    }
-}
-
-fn earliest<const N: usize>(times: [Option<Instant>; N]) -> Option<Instant> {
-    times.into_iter().flatten().min()
 }
 
 #[cfg(test)]

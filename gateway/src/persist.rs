@@ -246,14 +246,17 @@ mod tests {
 
     fn mk_view() -> View {
         let view = View::new(1, 10);
-        view.apply([Change::Upsert(Object::Service(Arc::new(Service {
-            metadata: ObjectMeta {
-                name: Some("web".into()),
-                namespace: Some("prod".into()),
+        view.apply(
+            [Change::Upsert(Object::Service(Arc::new(Service {
+                metadata: ObjectMeta {
+                    name: Some("web".into()),
+                    namespace: Some("prod".into()),
+                    ..Default::default()
+                },
                 ..Default::default()
-            },
-            ..Default::default()
-        })))]);
+            })))],
+            Instant::now(),
+        );
         view
     }
 

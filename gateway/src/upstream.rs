@@ -35,37 +35,32 @@
 
 mod admit;
 mod body;
+mod fault;
 mod fetch;
 pub mod health;
 pub mod strategy;
 pub mod trim;
+mod watch;
 pub mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use futures_util::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::utils::ResetTimerBackoff;
-use kube::runtime::watcher::{self, Event, ExponentialBackoff, ListSemantic};
-use kube::{Api, Client};
+use kube::Client;
+use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 pub use self::admit::{Refused, encoded_len};
-use self::admit::{refuse, typed, wired};
+pub use self::fault::{is_expired, needs_relist};
 pub use self::fetch::fetch_pods;
 use self::health::Health;
-use self::strategy::{ListStrategy, refuses_streaming};
-use self::wire::Wire;
+use self::strategy::ListStrategy;
+use self::watch::{Gate, Watch};
 use crate::churn::Change;
+use crate::model::Kind;
 use crate::model::wanted::WantedPods;
-use crate::model::{Kind, NsName, ObjKey, Object, Server};
 
 /// One message from upstream.
 #[derive(Debug)]
@@ -118,23 +113,6 @@ fn kind_index(kind: Kind) -> Option<usize> {
     Kind::ALL.iter().position(|k| *k == kind)
 }
 
-/// True when a watcher failed on a body it could not decode.
-fn is_decode_error(e: &watcher::Error) -> bool {
-    matches!(
-        e,
-        watcher::Error::InitialListFailed(kube::Error::SerdeError(_))
-            | watcher::Error::WatchStartFailed(kube::Error::SerdeError(_))
-            | watcher::Error::WatchFailed(kube::Error::SerdeError(_))
-    ) || is_undecodable_frame(e)
-}
-
-/// True for a watch frame that was JSON but no watch event: kube-rs then tries to read the line
-/// as a `Status`, which any JSON object is (every field has a default), and reports an API
-/// error without a code.
-fn is_undecodable_frame(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 0)
-}
-
 /// The largest upstream object, as JSON, that Floodgate accepts. etcd refuses requests over
 /// 1.5 MiB by default, so a real API server never serves a larger object; one that does is
 /// broken or hostile. A refused object is logged and counted; a version of it served before
@@ -183,48 +161,6 @@ pub const WATCH_BACKOFF: (
     std::time::Duration::from_secs(3),
     std::time::Duration::from_secs(60),
 );
-
-/// A fresh [`WATCH_BACKOFF`].
-fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
-    let (first, ceiling, reset) = WATCH_BACKOFF;
-    let exp = backon::ExponentialBuilder::default()
-        .with_min_delay(first)
-        .with_max_delay(ceiling)
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times();
-    ResetTimerBackoff::new(exp.into(), reset)
-}
-
-/// The first and the longest wait before a relist Floodgate forces ([`needs_relist`]), so a
-/// remote that keeps sending broken frames costs it a list every 30 s at most.
-const FORCED_RELIST_BACKOFF: (std::time::Duration, std::time::Duration) = (
-    std::time::Duration::from_millis(500),
-    std::time::Duration::from_secs(30),
-);
-
-/// True when a watcher error leaves kube-rs unable to recover by itself, so the watcher must
-/// start over from a fresh list:
-/// - a watch frame that could not be decoded (not JSON, or JSON but no watch event): kube-rs
-///   skips it and reads on, so the change it carried would be lost until the object changes
-///   again;
-/// - a resume the remote refused at the HTTP level with 504 (`ResourceVersionTooLarge`: its
-///   versions went backwards, as after an etcd restore) or 410: kube-rs retries the same
-///   version forever, and only relists on an in-stream 410.
-pub fn needs_relist(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::WatchFailed(kube::Error::SerdeError(_)) => true,
-        e if is_undecodable_frame(e) => true,
-        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 504 || s.code == 410,
-        _ => false,
-    }
-}
-
-/// True for a watch the remote ended with 410 Gone (its history moved past the resume point):
-/// the remote answered, so it is no sign of an outage, and kube-rs's watcher relists by itself.
-pub fn is_expired(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchError(s) if s.code == 410)
-}
 
 /// How to reach the remote and what to watch.
 #[derive(Clone)]
@@ -321,18 +257,6 @@ impl Upstream {
 /// known to be selected), EndpointSlices and Endpoints.
 const OPENING_KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Endpoints];
 
-/// Start-up order between watchers. Pods are listed after the Services, EndpointSlices and
-/// Endpoints that point at them, so the engine, which keeps only pods something points at, keeps them
-/// from the first sync on (and does not have to fetch them one by one).
-#[derive(Clone)]
-enum Gate {
-    /// Starts at once.
-    Open,
-    /// Waits for the first lists of the watchers that open it (one watcher only: it takes the
-    /// permits).
-    After(Arc<tokio::sync::Semaphore>),
-}
-
 /// Starts one watcher per kind, sending into `tx` with `generation`; the pod watcher decodes
 /// only the pods in `wanted`.
 pub fn start(
@@ -343,248 +267,34 @@ pub fn start(
     wanted: WantedPods,
 ) -> Upstream {
     let mut tasks = JoinSet::new();
-    let c = &remote.client;
     let all = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
     let labelled = all.clone().labels(&remote.selector);
     let pods_gate = Arc::new(tokio::sync::Semaphore::new(0));
     let w = Watch {
+        client: &remote.client,
         generation,
         tx: &tx,
         counters: &counters,
     };
-    w.spawn(
+    w.selected(&mut tasks, &labelled);
+    w.pods(
         &mut tasks,
-        Kind::Service,
-        labelled.clone(),
-        {
-            let c = c.clone();
-            move |w| watcher::watcher(Api::<Service>::all(c.clone()), w)
-        },
-        |s| typed(s, |s| Object::Service(Arc::new(s))),
-        Gate::Open,
-        None,
-    );
-    w.spawn(
-        &mut tasks,
-        Kind::EndpointSlice,
-        labelled.clone(),
-        {
-            let c = c.clone();
-            move |w| watcher::watcher(Api::<EndpointSlice>::all(c.clone()), w)
-        },
-        |s| typed(s, |s| Object::EndpointSlice(Arc::new(trim::slice(s)))),
-        Gate::Open,
-        None,
-    );
-    w.spawn(
-        &mut tasks,
-        Kind::Endpoints,
-        labelled,
-        {
-            let c = c.clone();
-            move |w| watcher::watcher(Api::<Endpoints>::all(c.clone()), w)
-        },
-        |s| typed(s, |s| Object::Endpoints(Arc::new(trim::endpoints(s)))),
-        Gate::Open,
-        None,
-    );
-    w.spawn(
-        &mut tasks,
-        Kind::Pod,
         all.clone(),
-        {
-            let c = c.clone();
-            move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w)
-        },
-        |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p).into()))),
         Gate::After(pods_gate.clone()),
-        Some(wanted),
+        wanted,
     );
-    w.spawn(
-        &mut tasks,
-        Kind::ReplicaSet,
-        all.clone(),
-        {
-            let c = c.clone();
-            move |w| watcher::watcher(Api::<PartialObjectMeta<ReplicaSet>>::all(c.clone()), w)
-        },
-        |m| {
-            typed(m, |m| {
-                Object::ReplicaSet(Arc::new(trim::replica_set(m.metadata)))
-            })
-        },
-        Gate::Open,
-        None,
-    );
+    w.replica_sets(&mut tasks, all.clone());
     if remote.has_servers {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("policy.linkerd.io", "v1beta3", "Server"),
-            "servers",
-        );
-        w.spawn(
-            &mut tasks,
-            Kind::Server,
-            all,
-            {
-                let c = c.clone();
-                move |w| watcher::watcher(Api::<DynamicObject>::all_with(c.clone(), &ar), w)
-            },
-            |d| {
-                typed(d, |d| {
-                    let spec = d.data.get("spec").cloned().unwrap_or_default();
-                    Object::Server(Arc::new(Server {
-                        metadata: d.metadata,
-                        spec,
-                    }))
-                })
-            },
-            Gate::Open,
-            None,
-        );
+        w.servers(&mut tasks, all);
     }
     tasks.spawn(tracing::Instrument::in_current_span(health::probe(
-        c.clone(),
+        remote.client.clone(),
         counters.clone(),
     )));
     Upstream {
         _tasks: tasks,
         pods_gate,
         listed: std::sync::Mutex::new(Vec::new()),
-    }
-}
-
-/// What every watcher of one upstream run shares.
-struct Watch<'a> {
-    generation: u64,
-    tx: &'a mpsc::Sender<Message>,
-    counters: &'a Arc<UpstreamCounters>,
-}
-
-impl Watch<'_> {
-    /// Spawns the watcher of `kind`: `make` builds its stream from a configuration (`base` with
-    /// the list strategy in force), `admit` turns its objects into the engine's, `gate` orders
-    /// its start, and `wanted` (pods) says which objects are worth decoding.
-    #[allow(clippy::too_many_arguments)]
-    fn spawn<W, S, F>(
-        &self,
-        tasks: &mut JoinSet<()>,
-        kind: Kind,
-        base: watcher::Config,
-        make: F,
-        admit: fn(W) -> Result<Object, Refused>,
-        gate: Gate,
-        wanted: Option<WantedPods>,
-    ) where
-        W: kube::Resource + Send + 'static,
-        S: Stream<Item = watcher::Result<Event<W>>> + Send + 'static,
-        F: Fn(watcher::Config) -> S + Send + Sync + 'static,
-    {
-        let (generation, tx, counters) = (self.generation, self.tx.clone(), self.counters.clone());
-        let index = kind_index(kind);
-        // In the link's span (the caller's), so every line a watcher logs names its link.
-        let span = tracing::Span::current();
-        let scope = wanted.clone();
-        tasks.spawn(tracing::Instrument::instrument(wire::WANTED.scope(scope, async move {
-            if let Gate::After(g) = &gate {
-                // Closed only when the upstream is dropped, and then this task is aborted too.
-                if let Ok(p) = g.acquire_many(OPENING_KINDS.len() as u32).await {
-                    p.forget();
-                }
-            }
-            let mut strategy = ListStrategy::Streaming;
-            let set_strategy = |s: ListStrategy| {
-                if let Some(i) = index {
-                    s.store(&counters.list_strategy[i]);
-                }
-                tracing::info!(kind = kind.name(), strategy = s.name(), "upstream list strategy");
-            };
-            set_strategy(strategy);
-            let start = |s: ListStrategy| {
-                let cfg = match s {
-                    // Pages from the current state: a remote reads those from etcd in
-                    // pages, where a `resourceVersion=0` list comes whole from its cache.
-                    ListStrategy::Paged => base.clone().list_semantic(ListSemantic::MostRecent),
-                    _ => base.clone(),
-                };
-                Box::pin(make(s.config(cfg)).backoff(watch_backoff()))
-            };
-            let mut stream = start(strategy);
-            let mut listed_once = false;
-            let mut relist_in = FORCED_RELIST_BACKOFF.0;
-            while let Some(item) = stream.next().await {
-                let change = match item {
-                    Ok(Event::Init) => {
-                        counters.relists.fetch_add(1, Ordering::Relaxed);
-                        Change::InitStart(kind)
-                    }
-                    // managedFields and the upstream resourceVersion are dropped by the engine.
-                    Ok(Event::InitApply(w) | Event::Apply(w)) => {
-                        if let Some(wanted) = &wanted {
-                            let m = w.meta();
-                            let (ns, name) = (m.namespace.as_deref(), m.name.as_deref());
-                            if !wanted.contains(ns.unwrap_or_default(), name.unwrap_or_default()) {
-                                counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        }
-                        match admit(w) {
-                            Ok(o) => Change::Apply(o),
-                            Err(why) => {
-                                refuse(kind, why, &counters);
-                                continue;
-                            }
-                        }
-                    }
-                    Ok(Event::InitDone) => {
-                        relist_in = FORCED_RELIST_BACKOFF.0;
-                        listed_once = true;
-                        Change::InitDone(kind)
-                    }
-                    Ok(Event::Delete(o)) => {
-                        let meta = o.meta();
-                        Change::Delete(ObjKey { kind, id: NsName::of(meta) })
-                    }
-                    Err(e) => {
-                        counters.errors.fetch_add(1, Ordering::Relaxed);
-                        if strategy == ListStrategy::Streaming && !listed_once && refuses_streaming(&e) {
-                            tracing::info!(kind = kind.name(), error = %e, "the remote refuses streaming lists; listing in pages");
-                            strategy = ListStrategy::Paged;
-                            set_strategy(strategy);
-                            stream = start(strategy);
-                            continue;
-                        }
-                        let decode = is_decode_error(&e);
-                        if decode {
-                            counters.decode_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if needs_relist(&e) {
-                            counters.forced_relists.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(kind = kind.name(), error = %e, relist_in = ?relist_in, "upstream watch cannot resume; relisting");
-                            tokio::time::sleep(relist_in).await;
-                            relist_in = (relist_in * 2).min(FORCED_RELIST_BACKOFF.1);
-                            stream = start(strategy);
-                        } else if is_expired(&e) {
-                            // The remote answered: kube-rs relists by itself.
-                            counters.forced_relists.fetch_add(1, Ordering::Relaxed);
-                            tracing::info!(kind = kind.name(), error = %e, "upstream watch expired; relisting");
-                        } else if decode {
-                            tracing::warn!(kind = kind.name(), error = %e, "upstream watch frame cannot be decoded; retrying with backoff");
-                        } else {
-                            // An outage is logged once by `health`, not once per retry.
-                            counters.health.failed(format_args!("watching {}: {e}", kind.name()));
-                            tracing::debug!(kind = kind.name(), error = %e, "upstream watch failed; retrying with backoff");
-                        }
-                        continue;
-                    }
-                };
-                if let (Change::Apply(_) | Change::Delete(_), Some(i)) = (&change, index) {
-                    counters.events[i].fetch_add(1, Ordering::Relaxed);
-                }
-                if tx.send(Message { generation, change }).await.is_err() {
-                    return; // The link is gone.
-                }
-            }
-        }), span));
     }
 }
 

@@ -8,7 +8,8 @@
 //! time a client asks for them, and kept with it ([`crate::protobuf`], [`metadata`]). Each kind has its own shelf: objects, a history of changes (bounded by
 //! count over every kind, and by age) that lets a watcher resume from a version it saw, and a
 //! broadcast feed with a bounded backlog per receiver, so a watcher wakes only for its kind.
-//! The history's instants come from tokio's clock, so paused-time tests drive them.
+//! The view reads no clock: the history's instants are those its writer publishes at, so
+//! paused-time tests drive them.
 //!
 //! Resource versions are `incarnation << 40 | counter`: monotonic within one run, never 0, and
 //! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
@@ -236,14 +237,16 @@ impl View {
     /// read under the read lock, the objects are encoded (with the versions they will have)
     /// under no lock, and the write lock is taken for the inserts, the history and the feed.
     /// A writer mutex keeps publications in order, so the versions read stay the next ones.
-    pub fn apply(&self, changes: impl IntoIterator<Item = Change>) -> Vec<Event> {
+    /// `now` is when the publication happens: its changes leave the history by that instant
+    /// ([`View::expire_history`]).
+    pub fn apply(&self, changes: impl IntoIterator<Item = Change>, now: Instant) -> Vec<Event> {
         let _writing = self
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (next, planned) = self.plan(changes);
         let events = encode(next, planned);
-        self.commit(&events);
+        self.commit(&events, now);
         events
     }
 

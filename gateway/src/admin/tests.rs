@@ -11,6 +11,7 @@ use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Service;
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tower::ServiceExt as _;
 
 use super::*;
@@ -82,7 +83,7 @@ struct Fixture {
 async fn mk_admin(token: Option<&str>) -> Fixture {
     let (shutdown_tx, shutdown) = watch::channel(false);
     let remote = View::new(7, view::DEFAULT_HISTORY);
-    remote.apply([view::Change::Upsert(mk_service("web"))]);
+    remote.apply([view::Change::Upsert(mk_service("web"))], Instant::now());
     let connect: Connect = Arc::new(move || {
         let client = mk_client(remote.clone());
         Box::pin(async move { Ok(client) })

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use super::store::Store;
 use crate::model::wanted::WantedPods;
@@ -218,7 +219,8 @@ impl Publisher {
     /// Publishes a group's current state: what the cap keeps of it, diffed against what it
     /// published before. Returns the wanted pods to fetch (never more than [`MAX_FETCHING`]
     /// in flight). A service whose state is gone upstream is published empty and forgotten.
-    pub fn publish(&mut self, g: &Group, store: &mut Store) -> Vec<NsName> {
+    /// `now` is when the view publishes it.
+    pub fn publish(&mut self, g: &Group, store: &mut Store, now: Instant) -> Vec<NsName> {
         let was_published = self.has_published(g);
         let desired = match g {
             Group::Service(svc) => match store.service(svc) {
@@ -242,7 +244,7 @@ impl Publisher {
                 ..Desired::empty()
             },
         };
-        self.commit(g, desired, store)
+        self.commit(g, desired, store, now)
     }
 
     /// Publishes a contained service's pods behind its frozen endpoints: the service, its
@@ -254,9 +256,9 @@ impl Publisher {
     /// containment makes it: the endpoints do not move, no pod is served but one a kept
     /// endpoint names, and the crash loop's status churn waits with the endpoints' until the
     /// service is released. Returns the wanted pods to fetch.
-    pub fn publish_frozen(&mut self, g: &Group, store: &mut Store) -> Vec<NsName> {
+    pub fn publish_frozen(&mut self, g: &Group, store: &mut Store, now: Instant) -> Vec<NsName> {
         let Some(previous) = self.groups.get(g).filter(|p| !p.objects.is_empty()) else {
-            return self.publish(g, store);
+            return self.publish(g, store, now);
         };
         let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
         referred(
@@ -295,12 +297,19 @@ impl Publisher {
             truncated: previous.truncated,
             pods: wanted_names(store, pods),
         };
-        self.commit(g, desired, store)
+        self.commit(g, desired, store, now)
     }
 
     /// Applies a group's desired state: the diff against what it published before goes to the
-    /// view in one step, the wanted pods are updated, and the missing ones asked for.
-    fn commit(&mut self, g: &Group, mut desired: Desired, store: &mut Store) -> Vec<NsName> {
+    /// view in one step (published at `now`), the wanted pods are updated, and the missing
+    /// ones asked for.
+    fn commit(
+        &mut self,
+        g: &Group,
+        mut desired: Desired,
+        store: &mut Store,
+        now: Instant,
+    ) -> Vec<NsName> {
         let was_published = self.has_published(g);
         let missing: Vec<NsName> = desired
             .pods
@@ -348,7 +357,7 @@ impl Publisher {
             // Nothing published, nothing wanted: the group's state goes with its service.
             self.groups.remove(g);
         }
-        if !self.view.apply(changes).is_empty() {
+        if !self.view.apply(changes, now).is_empty() {
             c.downstream_updates += 1;
         }
         self.request_pods(missing)

@@ -53,7 +53,7 @@ impl Engine {
     /// Restores a saved quarantine into a new engine: its view, its groups, and the frozen
     /// state. Upstream must not be started until the link is released.
     pub fn restore_quarantined(&mut self, now: Instant, saved: Saved) {
-        self.install(saved.objects);
+        self.install(saved.objects, now);
         self.sync.once = true;
         self.machine.restore(
             now,
@@ -71,7 +71,7 @@ impl Engine {
         for c in saved {
             let g = Group::Service(c.service.clone());
             if !self.publisher.has_published(&g) {
-                self.install(c.objects);
+                self.install(c.objects, now);
             }
             self.containment
                 .restore(&c.service, now, c.since, c.trigger, c.cooldown);
@@ -80,14 +80,15 @@ impl Engine {
         self.assess = true;
     }
 
-    /// Puts saved objects in the view and rebuilds the groups that published them.
-    fn install(&mut self, objects: Vec<Object>) {
+    /// Puts saved objects in the view (published at `now`) and rebuilds the groups that
+    /// published them.
+    fn install(&mut self, objects: Vec<Object>, now: Instant) {
         let by_key: BTreeMap<ObjKey, Object> = objects
             .into_iter()
             .map(|o| (o.key(), o.into_sanitized()))
             .collect();
         self.view()
-            .apply(by_key.values().cloned().map(ViewChange::Upsert));
+            .apply(by_key.values().cloned().map(ViewChange::Upsert), now);
         for (group, published) in groups_of(&by_key) {
             self.publisher.install(group, published);
         }

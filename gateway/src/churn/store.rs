@@ -143,115 +143,156 @@ impl Store {
 
     /// Applies or deletes an object. `obj` is `None` for a deletion of `key`.
     pub fn change(&mut self, key: &ObjKey, obj: Option<Object>) -> Touched {
-        let mut t = Touched::default();
         let id = &key.id;
-        match (key.kind, obj) {
-            (Kind::Service, o) => {
-                let was = self.is_selected(id);
-                match o {
-                    Some(Object::Service(s)) => self.services.insert(id.clone(), s),
-                    _ => self.services.remove(id),
-                };
-                let is = self.is_selected(id);
-                t.relevant = was || is;
-                if t.relevant {
-                    t.groups.push(Group::Service(id.clone()));
-                }
-                if was != is {
-                    t.groups.push(Group::Servers(id.namespace.clone()));
-                }
-            }
-            (Kind::EndpointSlice, o) => {
-                let old = self.slices.remove(id);
-                let new = match o {
-                    Some(Object::EndpointSlice(s)) => Some(s),
-                    _ => None,
-                };
-                t.endpoints_changed = endpoints_changed(old.as_deref(), new.as_deref());
-                let old_svc = old.as_deref().and_then(slice_service);
-                let new_svc = new.as_deref().and_then(slice_service);
-                let count = |s: &SliceObject| s.endpoints().len();
-                if let (Some(n), Some(svc)) = (&new, &new_svc) {
-                    *self.slice_endpoints.entry(svc.clone()).or_default() += count(n);
-                    if old_svc.as_ref() != Some(svc) {
-                        self.slices_by_service
-                            .entry(svc.clone())
-                            .or_default()
-                            .insert(id.clone());
-                    }
-                    self.slices.insert(id.clone(), n.clone());
-                }
-                if let (Some(o), Some(svc)) = (&old, &old_svc) {
-                    if let Some(n) = self.slice_endpoints.get_mut(svc) {
-                        *n = n.saturating_sub(count(o));
-                        if *n == 0 {
-                            self.slice_endpoints.remove(svc);
-                        }
-                    }
-                    if new_svc.as_ref() != Some(svc)
-                        && let Some(set) = self.slices_by_service.get_mut(svc)
-                    {
-                        set.remove(id);
-                        if set.is_empty() {
-                            self.slices_by_service.remove(svc);
-                        }
-                    }
-                }
-                for svc in [old_svc, new_svc].into_iter().flatten() {
-                    if self.is_selected(&svc) {
-                        t.relevant = true;
-                        if !t.groups.contains(&Group::Service(svc.clone())) {
-                            t.groups.push(Group::Service(svc));
-                        }
-                    }
+        match key.kind {
+            Kind::Service => self.change_service(id, obj),
+            Kind::EndpointSlice => self.change_slice(id, obj),
+            Kind::Endpoints => self.change_endpoints(id, obj),
+            Kind::Pod => self.change_pod(id, obj),
+            Kind::ReplicaSet => self.change_replica_set(id, obj),
+            Kind::Server => self.change_server(id, obj),
+        }
+    }
+
+    /// A service applied or deleted: its group if it is or was selected, and the Servers of
+    /// its namespace when it entered or left the selection.
+    fn change_service(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
+        let mut t = Touched::default();
+        let was = self.is_selected(id);
+        match obj {
+            Some(Object::Service(s)) => self.services.insert(id.clone(), s),
+            _ => self.services.remove(id),
+        };
+        let is = self.is_selected(id);
+        t.relevant = was || is;
+        if t.relevant {
+            t.groups.push(Group::Service(id.clone()));
+        }
+        if was != is {
+            t.groups.push(Group::Servers(id.namespace.clone()));
+        }
+        t
+    }
+
+    /// A slice applied or deleted: the endpoints it changed, its service's (and, when its
+    /// service label changed, its former service's) endpoint count and slices, and the groups
+    /// of those that are selected.
+    fn change_slice(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
+        let mut t = Touched::default();
+        let old = self.slices.remove(id);
+        let new = match obj {
+            Some(Object::EndpointSlice(s)) => Some(s),
+            _ => None,
+        };
+        t.endpoints_changed = endpoints_changed(old.as_deref(), new.as_deref());
+        let old_svc = old.as_deref().and_then(slice_service);
+        let new_svc = new.as_deref().and_then(slice_service);
+        if let (Some(n), Some(svc)) = (new, &new_svc) {
+            self.hold_slice(id, n, svc, old_svc.as_ref() != Some(svc));
+        }
+        if let (Some(o), Some(svc)) = (&old, &old_svc) {
+            self.release_slice(id, o, svc, new_svc.as_ref() != Some(svc));
+        }
+        for svc in [old_svc, new_svc].into_iter().flatten() {
+            if self.is_selected(&svc) {
+                t.relevant = true;
+                if !t.groups.contains(&Group::Service(svc.clone())) {
+                    t.groups.push(Group::Service(svc));
                 }
             }
-            (Kind::Endpoints, o) => {
-                match o {
-                    Some(Object::Endpoints(n)) => self.endpoints.insert(id.clone(), n),
-                    _ => self.endpoints.remove(id),
-                };
-                if self.is_selected(id) {
-                    t.relevant = true;
-                    t.groups.push(Group::Service(id.clone()));
-                }
+        }
+        t
+    }
+
+    /// Holds slice `id` of `svc`, counting its endpoints; `moved` when `svc` did not hold it
+    /// before (a new slice, or one whose service label changed).
+    fn hold_slice(&mut self, id: &NsName, slice: Arc<SliceObject>, svc: &NsName, moved: bool) {
+        *self.slice_endpoints.entry(svc.clone()).or_default() += slice.endpoints().len();
+        if moved {
+            self.slices_by_service
+                .entry(svc.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        self.slices.insert(id.clone(), slice);
+    }
+
+    /// Takes what slice `id` of `svc` was (`old`) off its service's endpoint count; `moved`
+    /// when `svc` holds it no more (deleted, or its service label changed).
+    fn release_slice(&mut self, id: &NsName, old: &SliceObject, svc: &NsName, moved: bool) {
+        if let Some(n) = self.slice_endpoints.get_mut(svc) {
+            *n = n.saturating_sub(old.endpoints().len());
+            if *n == 0 {
+                self.slice_endpoints.remove(svc);
             }
-            (Kind::Pod, o) => {
-                // Only wanted pods are handed over: hold this one (or drop it, deleted).
-                let old = self.drop_pod(id);
-                if let Some(Object::Pod(p)) = o {
-                    for rs in p.replicasets() {
-                        self.rs_pods.entry(rs).or_default().insert(id.clone());
-                    }
-                    self.pods.insert(id.clone(), p);
-                    t.pods.push(id.clone());
-                } else if old.is_some() {
-                    t.pods.push(id.clone());
-                }
+        }
+        if moved && let Some(set) = self.slices_by_service.get_mut(svc) {
+            set.remove(id);
+            if set.is_empty() {
+                self.slices_by_service.remove(svc);
             }
-            (Kind::ReplicaSet, o) => {
-                match o {
-                    Some(Object::ReplicaSet(m)) => self.replicasets.insert(id.clone(), m),
-                    _ => self.replicasets.remove(id),
-                };
-                t.pods
-                    .extend(self.rs_pods.get(id).into_iter().flatten().cloned());
+        }
+    }
+
+    /// An Endpoints applied or deleted: its service's group, if selected.
+    fn change_endpoints(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
+        let mut t = Touched::default();
+        match obj {
+            Some(Object::Endpoints(n)) => self.endpoints.insert(id.clone(), n),
+            _ => self.endpoints.remove(id),
+        };
+        if self.is_selected(id) {
+            t.relevant = true;
+            t.groups.push(Group::Service(id.clone()));
+        }
+        t
+    }
+
+    /// A wanted pod applied, or a pod deleted: the pod, when it was or is held (only wanted
+    /// pods are handed over, so this one is held).
+    fn change_pod(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
+        let mut t = Touched::default();
+        let old = self.drop_pod(id);
+        if let Some(Object::Pod(p)) = obj {
+            for rs in p.replicasets() {
+                self.rs_pods.entry(rs).or_default().insert(id.clone());
             }
-            (Kind::Server, o) => {
-                match o {
-                    Some(Object::Server(s)) => self.servers.insert(id.clone(), s),
-                    _ => self.servers.remove(id),
-                };
-                let ns = id.namespace.clone();
-                if self
-                    .services
-                    .keys()
-                    .any(|s| s.namespace == ns && self.is_selected(s))
-                {
-                    t.relevant = true;
-                    t.groups.push(Group::Servers(ns));
-                }
-            }
+            self.pods.insert(id.clone(), p);
+            t.pods.push(id.clone());
+        } else if old.is_some() {
+            t.pods.push(id.clone());
+        }
+        t
+    }
+
+    /// A ReplicaSet applied or deleted: the pods it owns that are held.
+    fn change_replica_set(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
+        let mut t = Touched::default();
+        match obj {
+            Some(Object::ReplicaSet(m)) => self.replicasets.insert(id.clone(), m),
+            _ => self.replicasets.remove(id),
+        };
+        t.pods
+            .extend(self.rs_pods.get(id).into_iter().flatten().cloned());
+        t
+    }
+
+    /// A Server applied or deleted: the Servers group of its namespace, when a selected
+    /// service lives there.
+    fn change_server(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
+        let mut t = Touched::default();
+        match obj {
+            Some(Object::Server(s)) => self.servers.insert(id.clone(), s),
+            _ => self.servers.remove(id),
+        };
+        let ns = id.namespace.clone();
+        if self
+            .services
+            .keys()
+            .any(|s| s.namespace == ns && self.is_selected(s))
+        {
+            t.relevant = true;
+            t.groups.push(Group::Servers(ns));
         }
         t
     }

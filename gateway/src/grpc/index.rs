@@ -194,6 +194,8 @@ impl Index {
 
 #[cfg(test)]
 mod tests {
+    use tokio::time::Instant;
+
     use super::*;
     use crate::grpc::snapshot::tests::{mk_endpoint, mk_service, mk_slice};
     use crate::view::Change;
@@ -214,13 +216,16 @@ mod tests {
     #[test]
     fn resync_indexes_each_service_with_its_slices() {
         let view = View::new(1, 100);
-        view.apply([
-            Change::Upsert(svc("web")),
-            Change::Upsert(svc("db")),
-            Change::Upsert(slice("web-a", "web", &["10.0.0.1"])),
-            Change::Upsert(slice("web-b", "web", &["10.0.0.2"])),
-            Change::Upsert(slice("db-a", "db", &["10.0.1.1"])),
-        ]);
+        view.apply(
+            [
+                Change::Upsert(svc("web")),
+                Change::Upsert(svc("db")),
+                Change::Upsert(slice("web-a", "web", &["10.0.0.1"])),
+                Change::Upsert(slice("web-b", "web", &["10.0.0.2"])),
+                Change::Upsert(slice("db-a", "db", &["10.0.1.1"])),
+            ],
+            Instant::now(),
+        );
         let mut index = Index::new(None);
         let (_rx, dirty) = index.resync(&view);
         assert_eq!(dirty, BTreeSet::from([id("db"), id("web")]));
@@ -233,14 +238,20 @@ mod tests {
     #[tokio::test]
     async fn changes_touch_their_service_and_deletions_say_it_is_gone() {
         let view = View::new(1, 100);
-        view.apply([Change::Upsert(svc("web")), Change::Upsert(svc("db"))]);
+        view.apply(
+            [Change::Upsert(svc("web")), Change::Upsert(svc("db"))],
+            Instant::now(),
+        );
         let mut index = Index::new(None);
         let (mut rx, _) = index.resync(&view);
-        view.apply([Change::Upsert(slice(
-            "web-a",
-            "web",
-            &["10.0.0.1", "10.0.0.2"],
-        ))]);
+        view.apply(
+            [Change::Upsert(slice(
+                "web-a",
+                "web",
+                &["10.0.0.1", "10.0.0.2"],
+            ))],
+            Instant::now(),
+        );
         let e = rx.recv().await.expect("event");
         assert_eq!(index.apply(&e), vec![id("web")]);
         assert_eq!(
@@ -249,7 +260,7 @@ mod tests {
         );
         assert_eq!(index.version(), e.resource_version);
 
-        view.apply([Change::Delete(svc("web").key())]);
+        view.apply([Change::Delete(svc("web").key())], Instant::now());
         let e = rx.recv().await.expect("event");
         assert_eq!(index.apply(&e), vec![id("web")]);
         assert!(!index.snapshot(&id("web"), Phase::Healthy).exists);
@@ -266,15 +277,18 @@ mod tests {
             BTreeSet::from([id("web")]),
             "sent even before it exists"
         );
-        view.apply([
-            Change::Upsert(svc("db")),
-            Change::Upsert(slice("db-a", "db", &["10.0.1.1"])),
-        ]);
+        view.apply(
+            [
+                Change::Upsert(svc("db")),
+                Change::Upsert(slice("db-a", "db", &["10.0.1.1"])),
+            ],
+            Instant::now(),
+        );
         for _ in 0..2 {
             let e = rx.recv().await.expect("event");
             assert!(index.apply(&e).is_empty());
         }
-        view.apply([Change::Upsert(svc("web"))]);
+        view.apply([Change::Upsert(svc("web"))], Instant::now());
         let e = rx.recv().await.expect("event");
         assert_eq!(index.apply(&e), vec![id("web")]);
         assert!(index.snapshot(&id("web"), Phase::Healthy).exists);
@@ -283,10 +297,13 @@ mod tests {
     #[test]
     fn a_resync_resends_services_that_vanished() {
         let view = View::new(1, 100);
-        view.apply([Change::Upsert(svc("web")), Change::Upsert(svc("db"))]);
+        view.apply(
+            [Change::Upsert(svc("web")), Change::Upsert(svc("db"))],
+            Instant::now(),
+        );
         let mut index = Index::new(None);
         let _ = index.resync(&view);
-        view.apply([Change::Delete(svc("db").key())]);
+        view.apply([Change::Delete(svc("db").key())], Instant::now());
         let (_rx, dirty) = index.resync(&view);
         assert_eq!(dirty, BTreeSet::from([id("db"), id("web")]));
         assert!(!index.snapshot(&id("db"), Phase::Healthy).exists);
@@ -295,12 +312,15 @@ mod tests {
     #[tokio::test]
     async fn changes_already_in_the_lists_are_not_applied_twice() {
         let view = View::new(1, 100);
-        view.apply([Change::Upsert(svc("web"))]);
+        view.apply([Change::Upsert(svc("web"))], Instant::now());
         let mut index = Index::new(None);
         let (mut rx, _) = index.resync(&view);
         // A change the receiver sees whose version is at or below the slices' list version
         // (as when it lands between subscribing and listing) is skipped.
-        view.apply([Change::Upsert(slice("web-a", "web", &["10.0.0.1"]))]);
+        view.apply(
+            [Change::Upsert(slice("web-a", "web", &["10.0.0.1"]))],
+            Instant::now(),
+        );
         let e = rx.recv().await.expect("event");
         index.slices_floor = e.resource_version;
         assert!(index.apply(&e).is_empty());

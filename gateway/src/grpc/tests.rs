@@ -8,6 +8,7 @@ use floodgate_link_crd::Phase;
 use floodgate_proto::v1::mirror_server::Mirror;
 use floodgate_proto::v1::{EndpointSnapshot, ListLinksRequest, WatchEndpointsRequest};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tonic::{Code, Request};
 
@@ -199,18 +200,22 @@ async fn list_links_shows_only_the_tokens_own_link() {
 #[tokio::test]
 async fn a_stream_follows_changes_and_deletions() {
     let f = fixture();
-    f.east.apply([
-        svc("db", &[]),
-        svc("web", &[]),
-        slice("web-a", "web", &[true, true]),
-    ]);
+    f.east.apply(
+        [
+            svc("db", &[]),
+            svc("web", &[]),
+            slice("web-a", "web", &[true, true]),
+        ],
+        Instant::now(),
+    );
     let mut s = open(&f, "").await;
     let (a, b) = (next(&mut s).await, next(&mut s).await);
     assert_eq!((a.service.as_str(), b.service.as_str()), ("db", "web"));
     assert_eq!(b.endpoints.len(), 2);
     assert!(b.endpoints.iter().all(|e| e.ready));
 
-    f.east.apply([slice("web-a", "web", &[true, false])]);
+    f.east
+        .apply([slice("web-a", "web", &[true, false])], Instant::now());
     let c = next(&mut s).await;
     assert_eq!(c.service, "web");
     assert!(c.version > b.version);
@@ -219,10 +224,13 @@ async fn a_stream_follows_changes_and_deletions() {
         [true, false]
     );
 
-    f.east.apply([Change::Delete(crate::model::ObjKey {
-        kind: crate::model::Kind::Service,
-        id: NsName::new("prod", "db"),
-    })]);
+    f.east.apply(
+        [Change::Delete(crate::model::ObjKey {
+            kind: crate::model::Kind::Service,
+            id: NsName::new("prod", "db"),
+        })],
+        Instant::now(),
+    );
     let d = next(&mut s).await;
     assert_eq!((d.service.as_str(), d.exists), ("db", false));
 }
@@ -232,7 +240,7 @@ async fn a_stream_follows_changes_and_deletions() {
 async fn a_stream_starts_once_the_link_has_synced() {
     let f = fixture();
     f.east_state.send_modify(|s| s.synced = false);
-    f.east.apply([svc("web", &[])]);
+    f.east.apply([svc("web", &[])], Instant::now());
     let mut s = open(&f, "prod/web").await;
     assert!(
         tokio::time::timeout(Duration::from_millis(50), s.next())
@@ -249,8 +257,10 @@ async fn a_stream_starts_once_the_link_has_synced() {
 #[tokio::test]
 async fn a_notable_phase_change_resends_every_snapshot() {
     let f = fixture();
-    f.east
-        .apply([svc("web", &[]), slice("web-a", "web", &[true])]);
+    f.east.apply(
+        [svc("web", &[]), slice("web-a", "web", &[true])],
+        Instant::now(),
+    );
     let mut s = open(&f, "prod/web").await;
     let before = next(&mut s).await;
     assert_eq!(before.link_phase, "Healthy");
@@ -267,8 +277,10 @@ async fn a_notable_phase_change_resends_every_snapshot() {
 #[tokio::test]
 async fn a_containment_resends_the_snapshot_marked_contained() {
     let f = fixture();
-    f.east
-        .apply([svc("web", &[]), slice("web-a", "web", &[true])]);
+    f.east.apply(
+        [svc("web", &[]), slice("web-a", "web", &[true])],
+        Instant::now(),
+    );
     let mut s = open(&f, "prod/web").await;
     let before = next(&mut s).await;
     assert!(!before.contained);
@@ -297,16 +309,19 @@ async fn a_containment_resends_the_snapshot_marked_contained() {
 #[tokio::test]
 async fn a_slow_consumer_gets_the_latest_state_not_a_backlog() {
     let f = fixture();
-    f.east.apply([svc("web", &[])]);
+    f.east.apply([svc("web", &[])], Instant::now());
     let mut s = open(&f, "prod/web").await;
     let _first = next(&mut s).await;
     let changes = 200;
     for i in 0..changes {
-        f.east
-            .apply([slice("web-a", "web", &vec![true; i % 7 + 1])]);
+        f.east.apply(
+            [slice("web-a", "web", &vec![true; i % 7 + 1])],
+            Instant::now(),
+        );
         tokio::task::yield_now().await;
     }
-    f.east.apply([slice("web-a", "web", &[false; 9])]);
+    f.east
+        .apply([slice("web-a", "web", &[false; 9])], Instant::now());
     let mut got = 0;
     loop {
         let snap = next(&mut s).await;
@@ -326,14 +341,18 @@ async fn a_slow_consumer_gets_the_latest_state_not_a_backlog() {
 #[tokio::test]
 async fn a_lagged_stream_resends_full_snapshots() {
     let f = fixture();
-    f.east.apply([svc("web", &[]), svc("db", &[])]);
+    f.east
+        .apply([svc("web", &[]), svc("db", &[])], Instant::now());
     let mut s = open(&f, "").await;
     let _ = (next(&mut s).await, next(&mut s).await);
     for i in 0..FANOUT_BACKLOG + 10 {
-        f.east
-            .apply([slice("web-a", "web", &vec![true; i % 3 + 1])]);
+        f.east.apply(
+            [slice("web-a", "web", &vec![true; i % 3 + 1])],
+            Instant::now(),
+        );
     }
-    f.east.apply([slice("web-a", "web", &[false; 5])]);
+    f.east
+        .apply([slice("web-a", "web", &[false; 5])], Instant::now());
     let mut seen_db = false;
     loop {
         let snap = next(&mut s).await;
@@ -354,7 +373,7 @@ async fn streams_end_on_shutdown() {
     let (tx, rx) = watch::channel(false);
     f.service.shutdown = rx;
     f._shutdown = tx;
-    f.east.apply([svc("web", &[])]);
+    f.east.apply([svc("web", &[])], Instant::now());
     let mut s = open(&f, "").await;
     let _ = next(&mut s).await;
     f._shutdown.send_replace(true);

@@ -1,18 +1,20 @@
 //! GET and LIST: content negotiation, filtering, and the list body built from each object's
 //! pre-encoded JSON or protobuf message (no object is re-encoded for a full list).
 
+mod page;
+
 use std::io::Write;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 use tower_http::compression::predicate::Predicate;
 use tower_http::compression::{CompressionLayer, CompressionLevel};
 
+use self::page::{ContinueToken, continue_expired, next_page, page};
 use super::query::{Query, RvMatch, parse_rv};
 use super::resource::{ResourceDef, table_cells, table_columns};
 use super::status::{Reason, StatusError};
@@ -144,7 +146,7 @@ pub fn list(
             let t = ContinueToken::decode(token)?;
             kept = view
                 .pages()
-                .get(def.kind, namespace, t.rv)
+                .get(def.kind, namespace, t.rv, Instant::now())
                 .ok_or_else(continue_expired)?;
             (t.rv, &kept, Some(t.after))
         }
@@ -159,73 +161,75 @@ pub fn list(
             (snap.resource_version, &fresh, None)
         }
     };
-    let start = after
-        .as_ref()
-        .map_or(0, |k| all.partition_point(|s| s.object.id() <= *k));
-    let limit = page_limit(q).unwrap_or(usize::MAX);
-    let mut selected_items = all[start..]
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| selected(s, namespace, q));
-    let mut items: Vec<&Arc<Stored>> = Vec::new();
-    let mut last = start;
-    for (i, s) in selected_items.by_ref().take(limit) {
-        items.push(s);
-        last = start + i;
-    }
-    let more = items.len() == limit && selected_items.next().is_some();
+    let page = page(all, after.as_ref(), namespace, q);
     let mut list_meta = k8s_pb::apimachinery::pkg::apis::meta::v1::ListMeta {
         resource_version: Some(resource_version.to_string()),
         ..Default::default()
     };
-    if more {
+    if page.more {
         if after.is_none() {
-            view.pages()
-                .keep(def.kind, namespace, resource_version, Items::from(all));
+            view.pages().keep(
+                def.kind,
+                namespace,
+                resource_version,
+                Items::from(all),
+                Instant::now(),
+            );
         }
-        let token = ContinueToken {
-            v: TOKEN_VERSION.into(),
-            rv: resource_version,
-            after: all[last].object.id(),
-        };
-        list_meta.r#continue = Some(token.encode());
-        if q.labels.is_empty() && q.fields.is_empty() {
-            // The objects of the namespace (or all of them) after this page.
-            let end = namespace.map_or(all.len(), |n| {
-                all.partition_point(|s| s.object.namespace() <= n)
-            });
-            list_meta.remaining_item_count = i64::try_from(end - last - 1).ok();
-        }
+        (list_meta.r#continue, list_meta.remaining_item_count) =
+            next_page(resource_version, all, page.last, namespace, q);
     }
     if format.encoding == Encoding::Protobuf {
-        let body = match format.render {
-            Render::Metadata => protobuf::list(
-                metadata::API_VERSION,
-                metadata::LIST_KIND,
-                &list_meta,
-                items.iter().map(|s| s.metadata().protobuf().item()),
-            ),
-            // Negotiation gives protobuf objects only for kinds that have a form.
-            _ => protobuf::list(
-                &def.api_version(),
-                &def.list_kind(),
-                &list_meta,
-                items
-                    .iter()
-                    .filter_map(|s| s.protobuf())
-                    .map(protobuf::Forms::item),
-            ),
-        };
+        let body = protobuf_list(def, format.render, &list_meta, &page.items);
         return Ok(response(StatusCode::OK, body, protobuf::MEDIA_TYPE));
     }
-    let mut meta = json!({ "resourceVersion": resource_version.to_string() });
-    if let Some(c) = list_meta.r#continue {
-        meta["continue"] = c.into();
+    let body = json_list_body(def, format.render, &list_meta, &page.items)?;
+    Ok(json_response(StatusCode::OK, body))
+}
+
+/// A protobuf list body of `items`, rendered as `render` asks.
+fn protobuf_list(
+    def: &ResourceDef,
+    render: Render,
+    list_meta: &k8s_pb::apimachinery::pkg::apis::meta::v1::ListMeta,
+    items: &[&Arc<Stored>],
+) -> Vec<u8> {
+    match render {
+        Render::Metadata => protobuf::list(
+            metadata::API_VERSION,
+            metadata::LIST_KIND,
+            list_meta,
+            items.iter().map(|s| s.metadata().protobuf().item()),
+        ),
+        // Negotiation gives protobuf objects only for kinds that have a form.
+        _ => protobuf::list(
+            &def.api_version(),
+            &def.list_kind(),
+            list_meta,
+            items
+                .iter()
+                .filter_map(|s| s.protobuf())
+                .map(protobuf::Forms::item),
+        ),
+    }
+}
+
+/// A JSON list body of `items`, rendered as `render` asks: the objects' own JSON spliced in,
+/// their metadata, or a Table.
+fn json_list_body(
+    def: &ResourceDef,
+    render: Render,
+    list_meta: &k8s_pb::apimachinery::pkg::apis::meta::v1::ListMeta,
+    items: &[&Arc<Stored>],
+) -> Result<Vec<u8>, StatusError> {
+    let mut meta = json!({ "resourceVersion": list_meta.resource_version });
+    if let Some(c) = &list_meta.r#continue {
+        meta["continue"] = c.as_str().into();
     }
     if let Some(n) = list_meta.remaining_item_count {
         meta["remainingItemCount"] = n.into();
     }
-    let body: Vec<u8> = match format.render {
+    Ok(match render {
         Render::Full => json_list(
             &def.list_kind(),
             &def.api_version(),
@@ -243,12 +247,10 @@ pub fn list(
                 (json.len(), move |b: &mut Vec<u8>| b.extend_from_slice(json))
             }),
         ),
-        Render::Table => serde_json::to_vec(&table(def, &items, meta)).map_err(internal)?,
-    };
-    Ok(json_response(StatusCode::OK, body))
+        Render::Table => serde_json::to_vec(&table(def, items, meta)).map_err(internal)?,
+    })
 }
 
-/// A JSON list of `items`, each already encoded: its length, and what appends it.
 fn json_list<W: FnOnce(&mut Vec<u8>)>(
     list_kind: &str,
     api_version: &str,
@@ -270,77 +272,6 @@ fn json_list<W: FnOnce(&mut Vec<u8>)>(
     }
     b.extend_from_slice(b"]}");
     b
-}
-
-/// The page size a list is served with, if it is paginated (see [`list`]). A `continue` comes
-/// without `resourceVersion` ([`Query::parse`] refuses both), so it is a read of the current
-/// state too.
-fn page_limit(q: &Query) -> Option<usize> {
-    let from_current_state = match q.resource_version.as_deref() {
-        None | Some("") => true,
-        Some(_) => q.rv_match == RvMatch::Exact,
-    };
-    q.limit
-        .filter(|l| *l > 0 && from_current_state)
-        .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
-}
-
-/// The continue tokens' format version (the API server names it the same way).
-const TOKEN_VERSION: &str = "meta.k8s.io/v1";
-
-/// A page's continue token: the snapshot's version and the last object served, as unpadded
-/// URL-safe base64 of JSON. Clients treat it as opaque.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ContinueToken {
-    v: String,
-    rv: u64,
-    #[serde(with = "ns_name")]
-    after: NsName,
-}
-
-impl ContinueToken {
-    fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
-    }
-
-    fn decode(token: &str) -> Result<Self, StatusError> {
-        let invalid =
-            |why: String| StatusError::bad_request(format!("invalid continue token: {why}"));
-        let bytes = URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|e| invalid(e.to_string()))?;
-        let t: Self = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-        if t.v != TOKEN_VERSION {
-            return Err(invalid(format!("unknown version {:?}", t.v)));
-        }
-        Ok(t)
-    }
-}
-
-/// `namespace/name` in a token.
-mod ns_name {
-    use crate::model::NsName;
-
-    pub fn serialize<S: serde::Serializer>(k: &NsName, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&format_args!("{}/{}", k.namespace, k.name))
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<NsName, D::Error> {
-        let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-        let (ns, name) = s
-            .split_once('/')
-            .ok_or_else(|| serde::de::Error::custom("no namespace/name"))?;
-        Ok(NsName::new(ns, name))
-    }
-}
-
-/// 410 for a token whose snapshot is no longer kept.
-fn continue_expired() -> StatusError {
-    StatusError::new(
-        Reason::Expired,
-        "The provided continue parameter is too old to display a consistent list result. \
-         You can start a new list without the continue parameter.",
-    )
 }
 
 /// Serves a GET of one object.

@@ -143,6 +143,7 @@ fn resource_of(path: &str) -> &'static str {
     }
 }
 
+/// Answers one request: discovery, the access review, the event sink, or a served resource.
 async fn dispatch<S: ApiStore>(
     api: &Api<S>,
     method: &Method,
@@ -152,8 +153,7 @@ async fn dispatch<S: ApiStore>(
     body: Bytes,
 ) -> Result<Response, StatusError> {
     let store = &api.store;
-    let sim = store.simulation();
-    if let Some(e) = sim.and_then(Simulation::fault) {
+    if let Some(e) = store.simulation().and_then(Simulation::fault) {
         return Err(e);
     }
     let served = store.served();
@@ -172,33 +172,11 @@ async fn dispatch<S: ApiStore>(
             .map(|v| json(v, StatusCode::OK))
             .ok_or_else(not_found_path),
         Target::Review if method == Method::POST => {
-            let attrs = review::parse(&body, content_type).map_err(|e| {
-                if content_type.is_empty()
-                    || content_type.contains("json")
-                    || content_type.contains("protobuf")
-                {
-                    e
-                } else {
-                    review::unsupported(content_type)
-                }
-            })?;
+            let attrs = parse_review(&body, content_type)?;
             Ok(json(review::answer(&attrs, &served), StatusCode::CREATED))
         }
         Target::Events if method == Method::POST => {
-            let mut event: Value = serde_json::from_slice(&body)
-                .map_err(|e| StatusError::bad_request(format!("invalid JSON Event: {e}")))?;
-            bump(&api.counters.events_discarded);
-            if event["metadata"]["name"].as_str().is_none_or(str::is_empty) {
-                let prefix = event["metadata"]["generateName"]
-                    .as_str()
-                    .unwrap_or("event-")
-                    .to_owned();
-                let n = api.counters.events_discarded.load(Ordering::Relaxed);
-                event["metadata"]["name"] = format!("{prefix}{n:x}").into();
-            }
-            event["metadata"]["resourceVersion"] =
-                store.view().resource_version().to_string().into();
-            Ok(json(event, StatusCode::CREATED))
+            Ok(json(discard_event(api, &body)?, StatusCode::CREATED))
         }
         Target::Resource {
             def,
@@ -209,64 +187,24 @@ async fn dispatch<S: ApiStore>(
                 return Err(not_found_path());
             }
             if !read {
-                let w = Write {
-                    method,
-                    def,
-                    namespace,
-                    name,
-                    content_type,
-                    body: &body,
-                };
-                let Some(sim) = sim else {
-                    return Err(StatusError::new(
-                        Reason::MethodNotAllowed,
-                        format!(
-                            "Floodgate serves {} read-only: {method} is not allowed",
-                            def.plural
-                        ),
-                    ));
-                };
-                let (code, v) = sim.write(w)?;
-                bump(&api.counters.writes);
+                let (code, v) = write(
+                    api,
+                    Write {
+                        method,
+                        def,
+                        namespace,
+                        name,
+                        content_type,
+                        body: &body,
+                    },
+                )?;
                 return Ok(json(v, code));
             }
             wait_ready(store, api.limits.cold_wait).await?;
-            let mut q = Query::parse(raw_query)?;
-            if !sim.is_none_or(Simulation::honours_limit) {
-                q.limit = None;
-            }
-            if q.watch
-                && q.send_initial_events.is_some()
-                && !sim.is_none_or(Simulation::serves_streaming_lists)
-            {
-                // The API server's words when its WatchList feature is off.
-                return Err(StatusError::invalid(
-                    "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
-                ));
-            }
+            let q = parse_query(store, raw_query)?;
             let format = negotiate(headers, def.kind)?;
             if q.watch {
-                let Ok(slot) = api.watch_slots.clone().try_acquire_owned() else {
-                    return Err(StatusError {
-                        details: Some(serde_json::json!({ "retryAfterSeconds": 1 })),
-                        ..StatusError::new(
-                            Reason::TooManyRequests,
-                            format!(
-                                "too many open watches on this link (at most {})",
-                                api.limits.max_watches
-                            ),
-                        )
-                    });
-                };
-                let held = watch::Held {
-                    slot,
-                    open: super::OpenWatch::of(&api.counters.open_watches, def),
-                };
-                let resp = watch::watch(store.view(), def, namespace, name, q, format, held)?;
-                // Counted once the watcher is subscribed: a test that waits for the count knows
-                // every later change reaches it.
-                bump(&api.counters.watches);
-                return Ok(resp);
+                return open_watch(api, def, namespace, name, q, format);
             }
             match name {
                 Some(name) => {
@@ -284,6 +222,108 @@ async fn dispatch<S: ApiStore>(
             format!("{method} is not allowed on {path}"),
         )),
     }
+}
+
+/// An access review's attributes; a body in a media type the API server does not read is
+/// refused as it refuses it.
+fn parse_review(body: &[u8], content_type: &str) -> Result<review::Attributes, StatusError> {
+    review::parse(body, content_type).map_err(|e| {
+        if content_type.is_empty()
+            || content_type.contains("json")
+            || content_type.contains("protobuf")
+        {
+            e
+        } else {
+            review::unsupported(content_type)
+        }
+    })
+}
+
+/// Takes an Event a client posts and discards it (consumers record events on the cluster they
+/// think they talk to), counted; the answer is the Event as created, named if it came with a
+/// `generateName` only.
+fn discard_event<S: ApiStore>(api: &Api<S>, body: &[u8]) -> Result<Value, StatusError> {
+    let mut event: Value = serde_json::from_slice(body)
+        .map_err(|e| StatusError::bad_request(format!("invalid JSON Event: {e}")))?;
+    bump(&api.counters.events_discarded);
+    if event["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+        let prefix = event["metadata"]["generateName"]
+            .as_str()
+            .unwrap_or("event-")
+            .to_owned();
+        let n = api.counters.events_discarded.load(Ordering::Relaxed);
+        event["metadata"]["name"] = format!("{prefix}{n:x}").into();
+    }
+    event["metadata"]["resourceVersion"] = api.store.view().resource_version().to_string().into();
+    Ok(event)
+}
+
+/// A write to a resource: a simulated API server takes it; Floodgate serves read-only.
+fn write<S: ApiStore>(api: &Api<S>, w: Write<'_>) -> Result<(StatusCode, Value), StatusError> {
+    let Some(sim) = api.store.simulation() else {
+        return Err(StatusError::new(
+            Reason::MethodNotAllowed,
+            format!(
+                "Floodgate serves {} read-only: {} is not allowed",
+                w.def.plural, w.method
+            ),
+        ));
+    };
+    let written = sim.write(w)?;
+    bump(&api.counters.writes);
+    Ok(written)
+}
+
+/// The query of a read, as the store's server would take it: a simulation of a server that
+/// ignores `limit` drops it, and one without streaming lists refuses `sendInitialEvents`.
+fn parse_query<S: ApiStore>(store: &S, raw_query: &str) -> Result<Query, StatusError> {
+    let sim = store.simulation();
+    let mut q = Query::parse(raw_query)?;
+    if !sim.is_none_or(Simulation::honours_limit) {
+        q.limit = None;
+    }
+    if q.watch
+        && q.send_initial_events.is_some()
+        && !sim.is_none_or(Simulation::serves_streaming_lists)
+    {
+        // The API server's words when its WatchList feature is off.
+        return Err(StatusError::invalid(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        ));
+    }
+    Ok(q)
+}
+
+/// Opens a watch in one of the link's watch slots; with none free, 429 and a retry after 1 s.
+fn open_watch<S: ApiStore>(
+    api: &Api<S>,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    q: Query,
+    format: list::Format,
+) -> Result<Response, StatusError> {
+    let Ok(slot) = api.watch_slots.clone().try_acquire_owned() else {
+        return Err(StatusError {
+            details: Some(serde_json::json!({ "retryAfterSeconds": 1 })),
+            ..StatusError::new(
+                Reason::TooManyRequests,
+                format!(
+                    "too many open watches on this link (at most {})",
+                    api.limits.max_watches
+                ),
+            )
+        });
+    };
+    let held = watch::Held {
+        slot,
+        open: super::OpenWatch::of(&api.counters.open_watches, def),
+    };
+    let resp = watch::watch(api.store.view(), def, namespace, name, q, format, held)?;
+    // Counted once the watcher is subscribed: a test that waits for the count knows
+    // every later change reaches it.
+    bump(&api.counters.watches);
+    Ok(resp)
 }
 
 async fn wait_ready<S: ApiStore>(store: &S, wait: Duration) -> Result<(), StatusError> {

@@ -18,19 +18,22 @@
 //!   freed (the view's fan-out never queues for it: it only lags on the shared ring);
 //! - oversized request lines and headers: 414 and 431 from hyper; bodies: 413 in the facade.
 
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 
 /// Connections the facade keeps open at most by default. An idle TLS connection costs about
 /// 40 KiB here (docs/figures.md), so 10,000 of them stay near 400 MiB; a link's
@@ -150,70 +153,98 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
         }
-        let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let served = match acceptor {
-                None => {
-                    // hyper-util reads the first bytes to tell HTTP/1 from HTTP/2 before hyper's
-                    // header timer runs: a client that sends nothing is cut off here.
-                    let mut byte = [0u8; 1];
-                    let first =
-                        tokio::time::timeout(limits.header_read_timeout, tcp.peek(&mut byte));
-                    if !matches!(first.await, Ok(Ok(n)) if n > 0) {
-                        tracing::debug!(%peer, "no request within the header read timeout");
-                        return;
-                    }
-                    let b = builder(&limits);
-                    let conn = b.serve_connection_with_upgrades(
-                        TokioIo::new(with_write_timeout(tcp, &limits)),
-                        service,
-                    );
-                    watcher.watch(conn.into_owned()).await
-                }
-                Some(acceptor) => {
-                    let io = with_write_timeout(tcp, &limits);
-                    let tls = match tokio::time::timeout(
-                        crate::tls::HANDSHAKE_TIMEOUT,
-                        acceptor.accept(io),
-                    )
-                    .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    // ALPN says which protocol follows, so hyper's HTTP/1 header timer runs
-                    // from the start instead of waiting on version detection.
-                    let b = builder(&limits);
-                    let b = if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                        b.http2_only()
-                    } else {
-                        b.http1_only()
-                    };
-                    let conn = b.serve_connection_with_upgrades(TokioIo::new(tls), service);
-                    watcher.watch(conn.into_owned()).await
-                }
-            };
-            if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        tokio::spawn(connection(
+            tcp,
+            peer,
+            acceptor.clone(),
+            service,
+            graceful.watcher(),
+            limits,
+            permit,
+        ));
     }
 }
 
-fn with_write_timeout(
-    tcp: tokio::net::TcpStream,
-    limits: &ServeLimits,
-) -> std::pin::Pin<Box<TimeoutStream<tokio::net::TcpStream>>> {
+/// Serves one accepted connection, over TLS when there is an `acceptor`, until it ends or the
+/// graceful shutdown `watcher` ends it; `_permit` is its connection slot, freed when it ends.
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<TlsAcceptor>,
+    service: TowerToHyperService<Router>,
+    watcher: Watcher,
+    limits: ServeLimits,
+    _permit: OwnedSemaphorePermit,
+) {
+    let served = match acceptor {
+        None => {
+            if !sends_first_byte(&tcp, peer, &limits).await {
+                return;
+            }
+            let b = builder(&limits);
+            let conn = b.serve_connection_with_upgrades(
+                TokioIo::new(with_write_timeout(tcp, &limits)),
+                service,
+            );
+            watcher.watch(conn.into_owned()).await
+        }
+        Some(acceptor) => {
+            let Some(tls) = handshake(&acceptor, with_write_timeout(tcp, &limits), peer).await
+            else {
+                return;
+            };
+            // ALPN says which protocol follows, so hyper's HTTP/1 header timer runs
+            // from the start instead of waiting on version detection.
+            let b = builder(&limits);
+            let b = if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                b.http2_only()
+            } else {
+                b.http1_only()
+            };
+            let conn = b.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            watcher.watch(conn.into_owned()).await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Whether a plain connection sends a byte within the header read timeout. hyper-util reads
+/// the first bytes to tell HTTP/1 from HTTP/2 before hyper's header timer runs: a client that
+/// sends nothing is cut off here.
+async fn sends_first_byte(tcp: &TcpStream, peer: SocketAddr, limits: &ServeLimits) -> bool {
+    let mut byte = [0u8; 1];
+    let first = tokio::time::timeout(limits.header_read_timeout, tcp.peek(&mut byte));
+    let sent = matches!(first.await, Ok(Ok(n)) if n > 0);
+    if !sent {
+        tracing::debug!(%peer, "no request within the header read timeout");
+    }
+    sent
+}
+
+/// The TLS handshake, within [`crate::tls::HANDSHAKE_TIMEOUT`]; `None` (logged) when it
+/// fails or times out.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    io: Pin<Box<TimeoutStream<TcpStream>>>,
+    peer: SocketAddr,
+) -> Option<TlsStream<Pin<Box<TimeoutStream<TcpStream>>>>> {
+    match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+fn with_write_timeout(tcp: TcpStream, limits: &ServeLimits) -> Pin<Box<TimeoutStream<TcpStream>>> {
     let mut io = TimeoutStream::new(tcp);
     io.set_write_timeout(Some(limits.write_timeout));
     Box::pin(io)

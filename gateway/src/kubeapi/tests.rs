@@ -6,6 +6,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::{Api, ApiStore, Links, links_router, router};
@@ -34,11 +35,14 @@ fn mk_service(name: &str, ns: &str, app: &str) -> Object {
 
 fn mk_view() -> View {
     let view = View::new(9, 1000);
-    view.apply([
-        Change::Upsert(mk_service("web", "prod", "web")),
-        Change::Upsert(mk_service("db", "prod", "db")),
-        Change::Upsert(mk_service("web", "dev", "web")),
-    ]);
+    view.apply(
+        [
+            Change::Upsert(mk_service("web", "prod", "web")),
+            Change::Upsert(mk_service("db", "prod", "db")),
+            Change::Upsert(mk_service("web", "dev", "web")),
+        ],
+        Instant::now(),
+    );
     view
 }
 
@@ -303,14 +307,17 @@ async fn protobuf_only_accept_for_a_custom_resource_is_406_and_tables_render() {
 async fn large_lists_are_gzipped_for_clients_that_accept_it_and_watches_never() {
     let view = View::new(9, 1000);
     let note = "x".repeat(1024);
-    view.apply((0..200).map(|i| {
-        let mut s = mk_service(&format!("svc-{i:03}"), "prod", "web");
-        if let Object::Service(svc) = &mut s {
-            Arc::make_mut(svc).metadata.annotations =
-                Some([("note".to_owned(), note.clone())].into());
-        }
-        Change::Upsert(s)
-    }));
+    view.apply(
+        (0..200).map(|i| {
+            let mut s = mk_service(&format!("svc-{i:03}"), "prod", "web");
+            if let Object::Service(svc) = &mut s {
+                Arc::make_mut(svc).metadata.annotations =
+                    Some([("note".to_owned(), note.clone())].into());
+            }
+            Change::Upsert(s)
+        }),
+        Instant::now(),
+    );
     let r = router(Arc::new(Api::new(Fixed(view), "t0k3n")));
     let get = |uri: &str, gzip: bool| {
         let mut req = Request::get(uri).header("authorization", "Bearer t0k3n");

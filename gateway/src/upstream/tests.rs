@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::{MAX_OBJECT_BYTES, Message, UpstreamCounters, fetch_pods};
 use crate::churn::Change;
@@ -48,10 +49,13 @@ async fn remote(view: View) -> kube::Client {
 #[tokio::test]
 async fn fetched_pods_are_admitted_as_watched_ones() {
     let view = View::new(1, 100);
-    view.apply([
-        view::Change::Upsert(pod("web-0", "small")),
-        view::Change::Upsert(pod("huge", &"x".repeat(MAX_OBJECT_BYTES))),
-    ]);
+    view.apply(
+        [
+            view::Change::Upsert(pod("web-0", "small")),
+            view::Change::Upsert(pod("huge", &"x".repeat(MAX_OBJECT_BYTES))),
+        ],
+        Instant::now(),
+    );
     let client = remote(view).await;
     let counters = Arc::new(UpstreamCounters::default());
     let (tx, mut rx) = mpsc::channel(8);

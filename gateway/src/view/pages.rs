@@ -56,15 +56,15 @@ impl Pages {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Drops the snapshots past their TTL, then finds the one of `kind` in `namespace` (all of
-    /// them: `None`) at `resource_version` and marks it used.
+    /// Drops the snapshots past their TTL at `now`, then finds the one of `kind` in
+    /// `namespace` (all of them: `None`) at `resource_version` and marks it used at `now`.
     fn find(
         e: &mut VecDeque<Entry>,
         kind: Kind,
         namespace: Option<&str>,
         resource_version: u64,
+        now: Instant,
     ) -> Option<Items> {
-        let now = Instant::now();
         e.retain(|s| now.duration_since(s.used) < SNAPSHOT_TTL);
         let s = e.iter_mut().find(|s| {
             s.kind == kind
@@ -77,16 +77,18 @@ impl Pages {
 
     /// Keeps `items`, the state of `kind` (in `namespace`, or all of them) at
     /// `resource_version`, for the pages after the first; a snapshot of the same kind,
-    /// namespace and version already kept is shared instead.
+    /// namespace and version already kept is shared instead. `now` is when the first page is
+    /// served: the snapshot's TTL runs from it.
     pub fn keep(
         &self,
         kind: Kind,
         namespace: Option<&str>,
         resource_version: u64,
         items: Items,
+        now: Instant,
     ) -> Items {
         let mut e = self.lock();
-        if let Some(kept) = Self::find(&mut e, kind, namespace, resource_version) {
+        if let Some(kept) = Self::find(&mut e, kind, namespace, resource_version, now) {
             return kept;
         }
         if e.len() >= SNAPSHOTS {
@@ -96,16 +98,22 @@ impl Pages {
             kind,
             namespace: namespace.map(Arc::from),
             resource_version,
-            used: Instant::now(),
+            used: now,
             items: items.clone(),
         });
         items
     }
 
     /// The snapshot of `kind` in `namespace` (all of them: `None`) at `resource_version`, if
-    /// it is still kept.
-    pub fn get(&self, kind: Kind, namespace: Option<&str>, resource_version: u64) -> Option<Items> {
-        Self::find(&mut self.lock(), kind, namespace, resource_version)
+    /// it is still kept at `now` (which counts as its use).
+    pub fn get(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        resource_version: u64,
+        now: Instant,
+    ) -> Option<Items> {
+        Self::find(&mut self.lock(), kind, namespace, resource_version, now)
     }
 }
 
@@ -133,8 +141,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_snapshot_is_shared_found_and_expires() {
         let pages = Pages::default();
-        let first = pages.keep(Kind::Service, None, 7, items(3));
-        let again = pages.keep(Kind::Service, None, 7, items(5));
+        let first = pages.keep(Kind::Service, None, 7, items(3), Instant::now());
+        let again = pages.keep(Kind::Service, None, 7, items(5), Instant::now());
         assert_eq!(
             again.len(),
             3,
@@ -142,19 +150,19 @@ mod tests {
         );
         assert!(Arc::ptr_eq(&first, &again));
         assert!(
-            pages.get(Kind::Pod, None, 7).is_none(),
+            pages.get(Kind::Pod, None, 7, Instant::now()).is_none(),
             "another kind's version is not it"
         );
         tokio::time::advance(SNAPSHOT_TTL - Duration::from_secs(1)).await;
         assert!(
-            pages.get(Kind::Service, None, 7).is_some(),
+            pages.get(Kind::Service, None, 7, Instant::now()).is_some(),
             "a use keeps it"
         );
         tokio::time::advance(SNAPSHOT_TTL - Duration::from_secs(1)).await;
-        assert!(pages.get(Kind::Service, None, 7).is_some());
+        assert!(pages.get(Kind::Service, None, 7, Instant::now()).is_some());
         tokio::time::advance(SNAPSHOT_TTL).await;
         assert!(
-            pages.get(Kind::Service, None, 7).is_none(),
+            pages.get(Kind::Service, None, 7, Instant::now()).is_none(),
             "unused past the TTL, it is gone"
         );
     }
@@ -163,23 +171,36 @@ mod tests {
     async fn the_oldest_snapshot_is_evicted_past_the_cap() {
         let pages = Pages::default();
         for rv in 0..=SNAPSHOTS as u64 {
-            pages.keep(Kind::Pod, None, rv, items(1));
+            pages.keep(Kind::Pod, None, rv, items(1), Instant::now());
         }
-        assert!(pages.get(Kind::Pod, None, 0).is_none(), "the oldest went");
-        assert!(pages.get(Kind::Pod, None, 1).is_some());
-        assert!(pages.get(Kind::Pod, None, SNAPSHOTS as u64).is_some());
+        assert!(
+            pages.get(Kind::Pod, None, 0, Instant::now()).is_none(),
+            "the oldest went"
+        );
+        assert!(pages.get(Kind::Pod, None, 1, Instant::now()).is_some());
+        assert!(
+            pages
+                .get(Kind::Pod, None, SNAPSHOTS as u64, Instant::now())
+                .is_some()
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_namespaced_snapshot_is_not_the_cluster_wide_one() {
         let pages = Pages::default();
-        pages.keep(Kind::Service, Some("ns"), 7, items(2));
-        assert!(pages.get(Kind::Service, None, 7).is_none());
-        assert!(pages.get(Kind::Service, Some("other"), 7).is_none());
-        let all = pages.keep(Kind::Service, None, 7, items(5));
+        pages.keep(Kind::Service, Some("ns"), 7, items(2), Instant::now());
+        assert!(pages.get(Kind::Service, None, 7, Instant::now()).is_none());
+        assert!(
+            pages
+                .get(Kind::Service, Some("other"), 7, Instant::now())
+                .is_none()
+        );
+        let all = pages.keep(Kind::Service, None, 7, items(5), Instant::now());
         assert_eq!(all.len(), 5, "a cluster-wide list keeps its own");
         assert_eq!(
-            pages.get(Kind::Service, Some("ns"), 7).map(|i| i.len()),
+            pages
+                .get(Kind::Service, Some("ns"), 7, Instant::now())
+                .map(|i| i.len()),
             Some(2)
         );
     }

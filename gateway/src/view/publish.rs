@@ -97,7 +97,8 @@ impl View {
     }
 
     /// Puts encoded events in: objects, byte count, history and feed, under the write lock.
-    pub(super) fn commit(&self, events: &[Event]) {
+    /// The history holds them as published at `now`.
+    pub(super) fn commit(&self, events: &[Event], now: Instant) {
         let Some(last) = events.last() else { return };
         let mut s = self.write();
         debug_assert_eq!(
@@ -106,7 +107,6 @@ impl View {
             "publications are serialised by the writer mutex"
         );
         s.counter = last.resource_version & COUNTER_MASK;
-        let now = Instant::now();
         for e in events {
             let key = e.object.object.key();
             let shelf = s.shelf_mut(key.kind);

@@ -21,8 +21,8 @@ fn mk_service(name: &str, label: &str) -> Object {
 fn versions_are_monotonic_never_zero_and_stamped_in_the_json() {
     let view = View::new(7, 100);
     assert_ne!(view.resource_version(), 0);
-    let e1 = view.apply([Change::Upsert(mk_service("a", "1"))]);
-    let e2 = view.apply([Change::Upsert(mk_service("a", "2"))]);
+    let e1 = view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now());
+    let e2 = view.apply([Change::Upsert(mk_service("a", "2"))], Instant::now());
     assert_eq!(e1[0].kind, EventType::Added);
     assert_eq!(e2[0].kind, EventType::Modified);
     assert!(e2[0].resource_version > e1[0].resource_version);
@@ -39,10 +39,13 @@ fn versions_are_monotonic_never_zero_and_stamped_in_the_json() {
 fn json_bytes_follow_what_is_served() {
     let view = View::new(7, 100);
     assert_eq!(view.json_bytes(), 0);
-    view.apply([
-        Change::Upsert(mk_service("a", "1")),
-        Change::Upsert(mk_service("b", "1")),
-    ]);
+    view.apply(
+        [
+            Change::Upsert(mk_service("a", "1")),
+            Change::Upsert(mk_service("b", "1")),
+        ],
+        Instant::now(),
+    );
     let sum = |v: &View| -> usize {
         v.list(Kind::Service)
             .items
@@ -51,26 +54,32 @@ fn json_bytes_follow_what_is_served() {
             .sum()
     };
     assert_eq!(view.json_bytes(), sum(&view));
-    view.apply([Change::Upsert(mk_service("a", "a longer label"))]);
+    view.apply(
+        [Change::Upsert(mk_service("a", "a longer label"))],
+        Instant::now(),
+    );
     assert_eq!(view.json_bytes(), sum(&view));
-    view.apply([
-        Change::Delete(mk_service("a", "").key()),
-        Change::Delete(mk_service("b", "").key()),
-    ]);
+    view.apply(
+        [
+            Change::Delete(mk_service("a", "").key()),
+            Change::Delete(mk_service("b", "").key()),
+        ],
+        Instant::now(),
+    );
     assert_eq!(view.json_bytes(), 0);
 }
 
 #[test]
 fn an_unchanged_object_publishes_nothing() {
     let view = View::new(1, 100);
-    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now());
     let rv = view.resource_version();
     assert!(
-        view.apply([Change::Upsert(mk_service("a", "1"))])
+        view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now())
             .is_empty()
     );
     assert!(
-        view.apply([Change::Delete(mk_service("b", "1").key())])
+        view.apply([Change::Delete(mk_service("b", "1").key())], Instant::now())
             .is_empty()
     );
     assert_eq!(view.resource_version(), rv);
@@ -79,8 +88,8 @@ fn an_unchanged_object_publishes_nothing() {
 #[test]
 fn a_deletion_carries_the_last_state_with_a_new_version() {
     let view = View::new(1, 100);
-    view.apply([Change::Upsert(mk_service("a", "1"))]);
-    let e = view.apply([Change::Delete(mk_service("a", "1").key())]);
+    view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now());
+    let e = view.apply([Change::Delete(mk_service("a", "1").key())], Instant::now());
     assert_eq!(e[0].kind, EventType::Deleted);
     assert_eq!(e[0].object.object, mk_service("a", "1"));
     assert_eq!(e[0].object.resource_version, e[0].resource_version);
@@ -90,13 +99,15 @@ fn a_deletion_carries_the_last_state_with_a_new_version() {
 #[test]
 fn resume_gives_exactly_the_later_changes_or_says_why_not() {
     let view = View::new(3, 2);
-    let first = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
-    let second = view.apply([Change::Upsert(mk_service("a", "2"))])[0].resource_version;
+    let first =
+        view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now())[0].resource_version;
+    let second =
+        view.apply([Change::Upsert(mk_service("a", "2"))], Instant::now())[0].resource_version;
     let (events, _rx) = view.watch_from(Kind::Service, first).expect("in history");
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].resource_version, second);
-    view.apply([Change::Upsert(mk_service("a", "3"))]);
-    view.apply([Change::Upsert(mk_service("a", "4"))]);
+    view.apply([Change::Upsert(mk_service("a", "3"))], Instant::now());
+    view.apply([Change::Upsert(mk_service("a", "4"))], Instant::now());
     assert_eq!(
         view.watch_from(Kind::Service, first).err(),
         Some(ResumeError::Expired),
@@ -121,10 +132,10 @@ fn resume_gives_exactly_the_later_changes_or_says_why_not() {
 #[tokio::test]
 async fn subscribers_see_every_change_after_their_snapshot() {
     let view = View::new(1, 100);
-    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now());
     let (snap, mut rx) = view.list_and_watch(Kind::Service);
     assert_eq!(snap.items.len(), 1);
-    view.apply([Change::Upsert(mk_service("b", "1"))]);
+    view.apply([Change::Upsert(mk_service("b", "1"))], Instant::now());
     let e = rx.recv().await.expect("event");
     assert_eq!(e.kind, EventType::Added);
     assert!(e.resource_version > snap.resource_version);
@@ -152,13 +163,13 @@ fn mk_pod(name: &str, phase: &str) -> Object {
 #[tokio::test]
 async fn a_pod_burst_neither_lags_nor_expires_a_service_watcher() {
     let view = View::new(2, 1000);
-    view.apply([Change::Upsert(mk_service("a", "1"))]);
+    view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now());
     let (_, mut services) = view.list_and_watch(Kind::Service);
     let (_, mut pods) = view.list_and_watch(Kind::Pod);
     let seen = view.resource_version();
     for i in 0..FANOUT_BACKLOG + 10 {
         let phase = if i % 2 == 0 { "Running" } else { "Failed" };
-        view.apply([Change::Upsert(mk_pod("p", phase))]);
+        view.apply([Change::Upsert(mk_pod("p", phase))], Instant::now());
     }
     assert!(
         matches!(
@@ -174,7 +185,7 @@ async fn a_pod_burst_neither_lags_nor_expires_a_service_watcher() {
         ),
         "no pod change reached the Service feed"
     );
-    view.apply([Change::Upsert(mk_service("a", "2"))]);
+    view.apply([Change::Upsert(mk_service("a", "2"))], Instant::now());
     let e = services.recv().await.expect("the service's change");
     assert_eq!(e.object.object, mk_service("a", "2"));
 
@@ -194,7 +205,7 @@ async fn a_pod_burst_neither_lags_nor_expires_a_service_watcher() {
 #[test]
 fn a_stored_object_and_its_event_share_one_buffer() {
     let view = View::new(1, 100);
-    let e = view.apply([Change::Upsert(mk_service("a", "1"))]);
+    let e = view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now());
     let (json, frame) = (e[0].object.json(), &e[0].frame);
     let Cow::Borrowed(json) = json else {
         panic!("a service's JSON is held")
@@ -324,9 +335,10 @@ fn metadata_and_protobuf_forms_are_encoded_once_and_shared() {
 async fn history_older_than_the_cutoff_is_forgotten() {
     let view = View::new(5, 100);
     let start = view.resource_version();
-    let old = view.apply([Change::Upsert(mk_service("a", "1"))])[0].resource_version;
+    let old =
+        view.apply([Change::Upsert(mk_service("a", "1"))], Instant::now())[0].resource_version;
     tokio::time::advance(std::time::Duration::from_secs(60)).await;
-    view.apply([Change::Upsert(mk_service("a", "2"))]);
+    view.apply([Change::Upsert(mk_service("a", "2"))], Instant::now());
     view.expire_history(Instant::now() - std::time::Duration::from_secs(30));
     assert_eq!(
         view.watch_from(Kind::Service, start).err(),
@@ -344,7 +356,10 @@ fn a_key_changed_several_times_in_one_batch_gets_an_event_each() {
     let view = View::new(7, 100);
     let a = |label| Change::Upsert(mk_service("a", label));
     let key = mk_service("a", "1").key();
-    let e = view.apply([a("1"), a("1"), a("2"), Change::Delete(key.clone()), a("3")]);
+    let e = view.apply(
+        [a("1"), a("1"), a("2"), Change::Delete(key.clone()), a("3")],
+        Instant::now(),
+    );
     let kinds: Vec<EventType> = e.iter().map(|e| e.kind).collect();
     // The repeated "1" changes nothing.
     use EventType::*;
@@ -381,7 +396,7 @@ fn a_publication_is_encoded_while_readers_hold_the_view() {
     assert_eq!(planned.len(), 1);
     assert!(!planned[0].frame.is_empty(), "encoded before the commit");
     assert!(view.is_empty(), "nothing is served before the commit");
-    view.commit(&planned);
+    view.commit(&planned, Instant::now());
     assert_eq!(view.resource_version(), next);
     assert_eq!(view.len(Kind::Service), 1);
 }
@@ -396,13 +411,16 @@ fn a_namespaced_list_copies_its_namespace_only() {
         }
         Change::Upsert(o)
     };
-    view.apply([
-        in_ns("a", "x"),
-        in_ns("b", "y"),
-        in_ns("b", "z"),
-        in_ns("ba", "w"),
-        in_ns("c", "v"),
-    ]);
+    view.apply(
+        [
+            in_ns("a", "x"),
+            in_ns("b", "y"),
+            in_ns("b", "z"),
+            in_ns("ba", "w"),
+            in_ns("c", "v"),
+        ],
+        Instant::now(),
+    );
     let names = |s: Snapshot| -> Vec<String> {
         s.items.iter().map(|o| o.object.id().to_string()).collect()
     };
@@ -422,7 +440,7 @@ fn a_namespaced_list_copies_its_namespace_only() {
     assert!(none.items.is_empty(), "w is in ba, not in b");
     let (ns, _) = view.list_and_watch_scope(Kind::Service, Scope::Namespace("b"));
     assert_eq!(names(ns), ["b/y", "b/z"]);
-    view.apply([in_ns("b", "new")]);
+    view.apply([in_ns("b", "new")], Instant::now());
     let event = rx.try_recv().expect("the change after the snapshot");
     assert_eq!(event.object.object.id().to_string(), "b/new");
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 use super::{ServeLimits, serve};
 use crate::kubeapi::{Api, router};
@@ -109,7 +110,10 @@ async fn a_silent_connection_is_closed() {
 async fn a_watcher_that_never_reads_its_socket_is_dropped() {
     let view = View::new(1, 100);
     // About 8 MB of initial state: more than loopback's socket buffers hold.
-    view.apply((0..400).map(|i| Change::Upsert(mk_service(&format!("s{i}"), 20_000))));
+    view.apply(
+        (0..400).map(|i| Change::Upsert(mk_service(&format!("s{i}"), 20_000))),
+        Instant::now(),
+    );
     let (addr, api) = start(view, limits()).await;
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
     sock.set_recv_buffer_size(4096).expect("small buffer");

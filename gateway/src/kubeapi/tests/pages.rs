@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use axum::http::StatusCode;
 use serde_json::Value;
+use tokio::time::Instant;
 
 use super::{call, mk_service, shared};
 use crate::view::Change;
@@ -56,6 +57,7 @@ fn seven() -> (crate::view::View, axum::Router) {
             .map(|n| Change::Upsert(mk_service(n, "prod", "batch")))
             .into_iter()
             .chain([Change::Upsert(mk_service("api", "dev", "web"))]),
+        Instant::now(),
     );
     (view, router)
 }
@@ -106,13 +108,16 @@ async fn pages_come_from_the_first_pages_snapshot() {
     let (_, first) = get(&router, "/api/v1/services?limit=4").await;
     let token = first["metadata"]["continue"].as_str().expect("a token");
     // The state moves on between the pages: one object gone, one added at the end.
-    view.apply([
-        Change::Delete(crate::model::ObjKey {
-            kind: crate::model::Kind::Service,
-            id: crate::model::NsName::new("prod", "web"),
-        }),
-        Change::Upsert(mk_service("zzz", "prod", "new")),
-    ]);
+    view.apply(
+        [
+            Change::Delete(crate::model::ObjKey {
+                kind: crate::model::Kind::Service,
+                id: crate::model::NsName::new("prod", "web"),
+            }),
+            Change::Upsert(mk_service("zzz", "prod", "new")),
+        ],
+        Instant::now(),
+    );
     let (code, rest) = get(
         &router,
         &format!("/api/v1/services?limit=4&continue={token}"),
@@ -167,7 +172,10 @@ async fn lists_from_the_cache_ignore_limit_and_bad_tokens_are_refused() {
         .expect("a token")
         .to_owned();
     for i in 0..SNAPSHOTS {
-        view.apply([Change::Upsert(mk_service(&format!("n{i}"), "prod", "x"))]);
+        view.apply(
+            [Change::Upsert(mk_service(&format!("n{i}"), "prod", "x"))],
+            Instant::now(),
+        );
         let (_, v) = get(&router, "/api/v1/services?limit=2").await;
         assert!(v["metadata"]["continue"].is_string());
     }

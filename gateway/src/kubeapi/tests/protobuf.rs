@@ -9,6 +9,7 @@ use k8s_pb::api::core::v1 as pb;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb_meta;
 use prost::Message;
 use serde_json::Value;
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::{api, fetch, mk_service, shared};
@@ -205,7 +206,10 @@ async fn a_protobuf_watch_streams_the_changes_json_watchers_see() {
     );
 
     // A live change: the frame the view encoded once, the same object a JSON GET gives.
-    view.apply([Change::Upsert(mk_service("api", "prod", "api"))]);
+    view.apply(
+        [Change::Upsert(mk_service("api", "prod", "api"))],
+        Instant::now(),
+    );
     let ev = events.next().await.expect("the change");
     assert_eq!(ev.r#type.as_deref(), Some("ADDED"));
     let got = event_service(&ev, "Service");

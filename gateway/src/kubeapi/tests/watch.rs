@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::Value;
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::{call, get_as, mk_service, mk_view, shared};
@@ -90,7 +91,10 @@ async fn a_streaming_list_ends_its_initial_events_with_the_bookmark() {
             .as_str()
             .is_some_and(|rv| !rv.is_empty())
     );
-    view.apply([Change::Upsert(mk_service("db", "prod", "database"))]);
+    view.apply(
+        [Change::Upsert(mk_service("db", "prod", "database"))],
+        Instant::now(),
+    );
     let ev = f.next().await.expect("live event");
     assert_eq!(
         (
@@ -121,7 +125,10 @@ async fn a_selector_turns_moves_into_added_and_deleted() {
             .iter()
             .all(|e| e["type"] == "ADDED" && e["object"]["metadata"]["name"] == "web")
     );
-    view.apply([Change::Upsert(mk_service("web", "prod", "legacy"))]);
+    view.apply(
+        [Change::Upsert(mk_service("web", "prod", "legacy"))],
+        Instant::now(),
+    );
     let left = f.next().await.expect("leaves");
     assert_eq!(
         (
@@ -130,7 +137,10 @@ async fn a_selector_turns_moves_into_added_and_deleted() {
         ),
         (Some("DELETED"), Some("prod"))
     );
-    view.apply([Change::Upsert(mk_service("db", "prod", "web"))]);
+    view.apply(
+        [Change::Upsert(mk_service("db", "prod", "web"))],
+        Instant::now(),
+    );
     let entered = f.next().await.expect("enters");
     assert_eq!(
         (
@@ -191,7 +201,10 @@ async fn metadata_only_lists_and_watches() {
     .await;
     let ev = f.next().await.expect("added");
     assert_eq!(ev["object"]["kind"], "PartialObjectMetadata");
-    view.apply([Change::Upsert(mk_service("web", "dev", "other"))]);
+    view.apply(
+        [Change::Upsert(mk_service("web", "dev", "other"))],
+        Instant::now(),
+    );
     let ev = f.next().await.expect("modified");
     assert_eq!(
         (ev["type"].as_str(), ev["object"]["apiVersion"].as_str()),
@@ -206,7 +219,10 @@ async fn a_watcher_that_never_reads_is_closed() {
     let (view, r) = shared();
     let (_, mut f) = Frames::open(r, "/api/v1/services?watch=true", None).await;
     for i in 0..(crate::view::FANOUT_BACKLOG + 100) {
-        view.apply([Change::Upsert(mk_service("web", "prod", &format!("v{i}")))]);
+        view.apply(
+            [Change::Upsert(mk_service("web", "prod", &format!("v{i}")))],
+            Instant::now(),
+        );
     }
     let mut frames = 0;
     while f.next().await.is_some() {
