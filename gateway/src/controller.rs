@@ -12,6 +12,7 @@
 //! a replica's admin API passes a command it does not decide on to the holder this way.
 
 pub mod commands;
+mod control;
 mod follow;
 pub mod lease;
 pub mod peers;
@@ -28,10 +29,9 @@ use std::time::Duration;
 use floodgate_link_crd::Link;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
-use kube::{Api, ResourceExt as _};
 use tokio::sync::{mpsc, watch};
 
 use crate::registry::Registry;
@@ -39,7 +39,7 @@ use crate::server::{self, Listeners};
 use crate::serving::{self, Bootstrap, ServeArgs};
 use crate::tls::TlsMaterial;
 use commands::Shared;
-use follow::{decide_if_held, follow_containment, follow_quarantine, record_containment};
+use control::{Control, Wanted};
 use runs::Runs;
 
 /// How often statuses are computed and sent to the writer.
@@ -180,11 +180,7 @@ pub async fn serve(
     let links_api: Api<Link> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.credentials_namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let reporter = Reporter {
-        controller: "floodgate".into(),
-        instance: Some(args.identity.clone()),
-    };
-    let recorder = Recorder::new(client.clone(), reporter);
+    let recorder = recorder(&client, &args.identity);
 
     let boot = Bootstrap::load(args.serve.to_config()?)?;
     let peers = peers_of(&args, boot.tls.as_ref())?;
@@ -274,14 +270,6 @@ pub async fn serve(
     Ok(drained?)
 }
 
-/// What the controller's loop tells the lease loop ([`lease::Links`]).
-struct Wanted {
-    /// The links whose Leases this replica wants: every Link's.
-    links: watch::Sender<BTreeSet<String>>,
-    /// The links whose remote this replica reads now.
-    reading: watch::Sender<BTreeSet<String>>,
-}
-
 /// Starts the lease loop: it takes the Leases of the links wanted (the sender it returns),
 /// says which it holds (the receiver), and gives them back at shutdown.
 fn spawn_lease_loop(
@@ -326,90 +314,13 @@ async fn give_back_leases(lease_task: Option<tokio::task::JoinHandle<()>>) {
     }
 }
 
-/// The controller's loop: the Links it reads, the links it runs, and where their statuses,
-/// the Leases it wants and its readiness go.
-struct Control {
-    identity: String,
-    reader: reflector::Store<Link>,
-    recorder: Recorder,
-    commands: commands::Commands,
-    runs: Runs,
-    /// What the lease loop is told.
-    wanted: Wanted,
-    /// True once every Link listed has been reconciled (readiness).
-    listed_tx: watch::Sender<bool>,
-    /// The links whose Leases this replica holds.
-    held: watch::Receiver<BTreeSet<String>>,
-    status_tx: mpsc::Sender<writer::StatusUpdate>,
-}
-
-impl Control {
-    /// A status tick: the links of Links gone are stopped, the Leases wanted follow the
-    /// Links, and each Link gets its command, its following of the holder and its status.
-    fn tick(&mut self) {
-        if futures_util::FutureExt::now_or_never(self.reader.wait_until_ready())
-            .is_none_or(|r| r.is_err())
-        {
-            return;
-        }
-        let links = self.reader.state();
-        let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
-        self.runs.prune(&names);
-        let reading = self.runs.reading_remote();
-        for (tx, now) in [(&self.wanted.links, names), (&self.wanted.reading, reading)] {
-            tx.send_if_modified(|was| {
-                let changed = *was != now;
-                *was = now;
-                changed
-            });
-        }
-        if self.runs.settled(&links) {
-            self.listed_tx.send_replace(true);
-        }
-        let held = self.held.borrow().clone();
-        let now = Time(jiff::Timestamp::now());
-        let tick = Tick {
-            identity: &self.identity,
-            held: &held,
-            now: &now,
-            commands: &self.commands,
-            recorder: &self.recorder,
-            status_tx: &self.status_tx,
-        };
-        for link in links {
-            tick.link(&link, &mut self.runs);
-        }
-    }
-
-    /// At shutdown: every link stops reading its remote (the view keeps serving), and the lease
-    /// loop is told once they have, within a second.
-    async fn stop_reading(&mut self) {
-        let handles: Vec<_> = (self.runs.running.values())
-            .map(|r| r.handle.clone())
-            .collect();
-        for h in &handles {
-            let _ = h.disconnect("the replica is stopping".into()).await;
-        }
-        let stopped = async {
-            for h in &handles {
-                let mut state = h.state.clone();
-                let _ = state.wait_for(|s| !s.connected).await;
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(1), stopped).await;
-        self.wanted.reading.send_replace(BTreeSet::new());
-    }
-
-    /// The holder wrote a new phase: record it as an Event on the Link.
-    fn record_phase(&self, ns: &str, change: &writer::PhaseChange) {
-        let key = reflector::ObjectRef::new(&change.link).within(ns);
-        if let Some(link) = self.reader.get(&key) {
-            let note = (self.runs.running.get(&change.link))
-                .map(|r| r.handle.state.borrow().message.clone())
-                .or_else(|| (self.runs.blocked.get(&change.link)).map(|b| b.message.clone()));
-            writer::record_event(&self.recorder, &link, change, note);
-        }
-    }
+/// What records this replica's Events.
+fn recorder(client: &kube::Client, identity: &str) -> Recorder {
+    let reporter = Reporter {
+        controller: "floodgate".into(),
+        instance: Some(identity.to_owned()),
+    };
+    Recorder::new(client.clone(), reporter)
 }
 
 /// What the controller's fields of `GET /config` say (where its links come from).
@@ -443,65 +354,5 @@ fn peers_of(
             ca_pem: tls.ca_pem.clone(),
         })),
         (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
-    }
-}
-
-/// What one status tick shares between the Links it looks at.
-struct Tick<'a> {
-    /// This replica's identity in Leases.
-    identity: &'a str,
-    held: &'a BTreeSet<String>,
-    now: &'a Time,
-    commands: &'a commands::Commands,
-    recorder: &'a Recorder,
-    status_tx: &'a mpsc::Sender<writer::StatusUpdate>,
-}
-
-impl Tick<'_> {
-    /// One Link at a status tick: its command, following the holder's decisions, its status.
-    fn link(&self, link: &Arc<Link>, runs: &mut Runs) {
-        let name = link.name_any();
-        if !runs.reconciled(&name) {
-            // Nothing to say of it yet: a status written now would erase what the Link
-            // records (a quarantine to honour), and a command would find no link.
-            return;
-        }
-        let run = runs.running.get_mut(&name);
-        let blocked = runs.blocked.get(&name);
-        let state = run.as_ref().map(|r| r.handle.state.borrow().clone());
-        let obs = status::Observation {
-            generation: link.metadata.generation,
-            blocked,
-            state: state.as_ref(),
-            holder: self.identity,
-        };
-        let next = status::next_status(link.status.as_ref(), &obs, self.now);
-        let holder = self.held.contains(&name);
-        self.commands.poll(link, holder, || match &run {
-            Some(r) => commands::Target::Running(r.handle.clone()),
-            None => commands::Target::Blocked(blocked.map_or_else(
-                || "it has not started yet".to_owned(),
-                |b| b.message.clone(),
-            )),
-        });
-        let mut deferred = false;
-        if let (Some(r), Some(state)) = (run, &state) {
-            decide_if_held(&name, r, holder);
-            deferred = follow_quarantine(link, r, state, holder);
-            follow_containment(link, r, state, holder);
-            record_containment(self.recorder, link, r, holder);
-        }
-        runs.follow_upstream(&name, holder);
-        if deferred {
-            // The recorded quarantine is still to be followed: writing this link's state
-            // now would erase it from status.
-            return;
-        }
-        // A full queue skips this tick: the next carries the latest state.
-        let _ = self.status_tx.try_send(writer::StatusUpdate {
-            link: name,
-            observed: link.status.clone(),
-            status: next,
-        });
     }
 }

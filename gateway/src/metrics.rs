@@ -3,44 +3,8 @@
 //! and its facade's [`crate::kubeapi::ApiCounters`] and open watches. Nothing is counted twice
 //! and the engine carries no metrics code: a scrape reads a few atomics and watch channels.
 //!
-//! | metric | type | labels |
-//! | --- | --- | --- |
-//! | `floodgate_upstream_events_total` | counter | `relevance` = `relevant` / `irrelevant` |
-//! | `floodgate_upstream_resource_events_total` | counter | `resource` (applied or deleted objects, initial lists included) |
-//! | `floodgate_downstream_updates_total` | counter | |
-//! | `floodgate_coalesced_total` | counter | |
-//! | `floodgate_throttled_total` | counter | |
-//! | `floodgate_endpoints_published` | gauge | |
-//! | `floodgate_endpoints_truncated` | gauge | |
-//! | `floodgate_services` / `floodgate_services_withheld` | gauge | |
-//! | `floodgate_upstream_objects` | gauge | |
-//! | `floodgate_upstream_objects_by_resource` | gauge | `resource` |
-//! | `floodgate_view_bytes` | gauge | |
-//! | `floodgate_upstream_events_last_second` | gauge | |
-//! | `floodgate_link_synced` | gauge (0/1) | |
-//! | `floodgate_link_quarantined` | gauge (0/1) | |
-//! | `floodgate_link_phase` | gauge (1 for the current) | `phase` |
-//! | `floodgate_quarantine_transitions_total` | counter | |
-//! | `floodgate_services_contained` | gauge | |
-//! | `floodgate_containment_transitions_total` | counter | `reason` (see [`CONTAINMENT_REASONS`]) |
-//! | `floodgate_watchers` | gauge | |
-//! | `floodgate_upstream_errors_total` | counter | (each followed by a reconnect with backoff) |
-//! | `floodgate_upstream_relists_total` | counter | |
-//! | `floodgate_upstream_decode_errors_total` | counter | |
-//! | `floodgate_upstream_forced_relists_total` | counter | (a resume refused with 410/504, or a frame lost) |
-//! | `floodgate_upstream_oversized_total` | counter | (objects over the 2 MiB limit, refused) |
-//! | `floodgate_upstream_pods_skipped_total` | counter | (pod events no published endpoint needs, not decoded) |
-//! | `floodgate_discarded_writes_total` | counter | (Events accepted and discarded) |
-//! | `floodgate_publication_delay_seconds` | histogram | (from a change's arrival to its publication; 1 ms to 60 s) |
-//! | `floodgate_upstream_reachable` | gauge (0/1) | |
-//! | `floodgate_upstream_outages_total` | counter | |
-//! | `floodgate_link_lease_held` | gauge (0/1) | (cluster mode: this replica holds the link's Lease) |
-//! | `floodgate_link_follows_holder` | gauge (0/1) | (cluster mode: this replica reads the link from the holder's facade) |
-//! | `floodgate_watchers_limit` | gauge | (the facade's cap on open watches) |
-//! | `floodgate_watchers_by_resource` | gauge | `resource` |
-//! | `floodgate_ready_endpoints_without_pod` | gauge | (0 when the view is whole) |
-//! | `floodgate_facade_requests_total` | counter | `verb`, `resource`, `code`, `encoding` |
-//! | `floodgate_build_info` | gauge (1) | `version`, `mode` (no `link`) |
+//! What each metric means, with its labels: `docs/metrics.md` (the one list; the alerts and
+//! the dashboard use them, `manifests/monitoring/`).
 
 use std::sync::Arc;
 

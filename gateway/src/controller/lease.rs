@@ -364,20 +364,9 @@ pub async fn run(
         });
         let now = jiff::Timestamp::now();
         let share = share(wanted.len(), live_replicas(&leases, &me.identity, now));
-        if let Some(link) = leaving.take_if(|l| reading.borrow().contains(l)) {
-            // Its link still reads the remote: the Lease is kept a renewal more.
-            if let Err(e) = try_hold(&api, &link, &me, timing).await {
-                tracing::warn!(%link, error = %e, "cannot renew the Lease of a link handed over");
-            }
-            leaving = Some(link);
-        } else if let Some(link) = leaving.take() {
-            match give_back(&api, &link, &me.identity).await {
-                Ok(true) => {
-                    tracing::info!(%link, "gave the link's Lease back: this replica holds more than its share")
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(%link, error = %e, "cannot give the link's Lease back"),
-            }
+        if let Some(link) = leaving.take() {
+            let still_reading = reading.borrow().contains(&link);
+            leaving = hand_over(&api, &me, timing, link, still_reading).await;
         }
         for link in &wanted {
             if leaving.as_ref() == Some(link) {
@@ -422,21 +411,32 @@ pub async fn run(
     }
     let mut given = held.send_replace(BTreeSet::new());
     given.extend(leaving);
-    // The links stop reading their remotes first (the controller disconnects them on the same
-    // signal), so that whoever takes a Lease is the only one reading; not longer than a
-    // renewal, after which the Leases go back all the same.
-    let mut reading = reading;
+    give_all_back(&api, &me, timing, presence, given, reading).await;
+}
+
+/// At shutdown: gives back this replica's presence and the link Leases `given`, once their
+/// links have stopped reading their remotes (the controller disconnects them on the same
+/// signal), so that whoever takes a Lease is the only one reading; not later than a renewal,
+/// after which the Leases go back all the same.
+async fn give_all_back(
+    api: &Api<Lease>,
+    me: &Claimant,
+    timing: LeaseTiming,
+    presence: String,
+    given: BTreeSet<String>,
+    mut reading: watch::Receiver<BTreeSet<String>>,
+) {
     let stopped = reading.wait_for(|r| r.iter().all(|l| !given.contains(l)));
     if tokio::time::timeout(timing.renew, stopped).await.is_err() {
         tracing::warn!("links still read their remotes: giving their Leases back all the same");
     }
     // The presence first: a replica that sees a link's Lease freed already counts one replica
     // less, so its share covers the link.
-    if let Err(e) = give_back_named(&api, presence, &me.identity).await {
+    if let Err(e) = give_back_named(api, presence, &me.identity).await {
         tracing::warn!(error = %e, "cannot give this replica's presence Lease back");
     }
     for link in given {
-        match give_back(&api, &link, &me.identity).await {
+        match give_back(api, &link, &me.identity).await {
             Ok(true) => tracing::info!(%link, "gave the link's Lease back for another replica"),
             Ok(false) => {}
             Err(e) => {
@@ -444,6 +444,31 @@ pub async fn run(
             }
         }
     }
+}
+
+/// A renewal of link `link`'s Lease while it is handed over: kept while its link still reads
+/// the remote (returned, to try again at the next renewal), given back once it has stopped.
+async fn hand_over(
+    api: &Api<Lease>,
+    me: &Claimant,
+    timing: LeaseTiming,
+    link: String,
+    still_reading: bool,
+) -> Option<String> {
+    if still_reading {
+        if let Err(e) = try_hold(api, &link, me, timing).await {
+            tracing::warn!(%link, error = %e, "cannot renew the Lease of a link handed over");
+        }
+        return Some(link);
+    }
+    match give_back(api, &link, &me.identity).await {
+        Ok(true) => {
+            tracing::info!(%link, "gave the link's Lease back: this replica holds more than its share")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(%link, error = %e, "cannot give the link's Lease back"),
+    }
+    None
 }
 
 #[cfg(test)]
