@@ -82,12 +82,14 @@ impl Control {
     /// At shutdown: every link stops reading its remote (the view keeps serving), and the lease
     /// loop is told once they have, within a second.
     pub(super) async fn stop_reading(&mut self) {
+        // Through each link's forwarder, so that no switch sent before it lands after it.
+        let stop = super::runs::Switch::Stop("the replica is stopping".into());
+        for r in self.runs.running.values() {
+            r.switch.send_replace(Some(stop.clone()));
+        }
         let handles: Vec<_> = (self.runs.running.values())
             .map(|r| r.handle.clone())
             .collect();
-        for h in &handles {
-            let _ = h.disconnect("the replica is stopping".into()).await;
-        }
         let stopped = async {
             for h in &handles {
                 let mut state = h.state.clone();

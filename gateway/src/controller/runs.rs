@@ -50,6 +50,15 @@ impl std::fmt::Display for Upstream {
     }
 }
 
+/// Where a running link is told to read from next.
+#[derive(Clone)]
+pub(super) enum Switch {
+    /// Read with these credentials (the remote's, or the holder's facade's).
+    Read(crate::link::Connect),
+    /// Read nothing (the string says why); the view keeps serving.
+    Stop(String),
+}
+
 /// A running link and what it was started from.
 pub(super) struct Running {
     pub(super) desired: DesiredLink,
@@ -63,6 +72,8 @@ pub(super) struct Running {
     /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
     /// passes each change to the link, in order.
     pub(super) deciding: watch::Sender<bool>,
+    /// Where it reads from next: a forwarder task passes the latest to the link, in order.
+    pub(super) switch: watch::Sender<Option<Switch>>,
     /// Whether this run has followed the recorded containments once (a holder does only that).
     pub(super) followed_containment: bool,
     /// The link's service containment transitions not yet recorded as Events.
@@ -203,7 +214,7 @@ impl Runs {
         if *r.upstream.borrow() == Upstream::Remote {
             tracing::info!(link = %r.desired.name, "new credentials: reconnecting the upstream");
             let connect = connect(&self.shared, &r.desired, &Upstream::Remote);
-            spawn_reconnect(r.handle.clone(), connect);
+            r.switch.send_replace(Some(Switch::Read(connect)));
         }
     }
 
@@ -241,18 +252,15 @@ impl Runs {
         }
         let from = r.upstream.borrow().to_string();
         tracing::info!(link = %name, %from, to = %want, "the link's upstream follows the Lease");
-        if want == Upstream::HandingOver {
-            let handle = r.handle.clone();
-            r.upstream.send_replace(want);
-            tokio::spawn(async move {
-                let why = "handing the link over to another replica: reading from it once it holds the Lease";
-                let _ = handle.disconnect(why.into()).await;
-            });
-            return;
-        }
-        let connect = connect(&self.shared, &r.desired, &want);
+        let switch = match &want {
+            Upstream::HandingOver => Switch::Stop(
+                "handing the link over to another replica: reading from it once it holds the Lease"
+                    .into(),
+            ),
+            other => Switch::Read(connect(&self.shared, &r.desired, other)),
+        };
         r.upstream.send_replace(want);
-        spawn_reconnect(r.handle.clone(), connect);
+        r.switch.send_replace(Some(switch));
     }
 
     /// The links that read their remote now: those that should, and those handed over whose
@@ -327,6 +335,8 @@ impl Runs {
         // next status tick), so no replica acts on a flood before it knows it holds the Lease.
         let (deciding, deciding_rx) = watch::channel(false);
         tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
+        let (switch, switch_rx) = watch::channel(None);
+        tokio::spawn(forward_switches(handle.clone(), switch_rx));
         let transitions = handle.transitions();
         tracing::info!(link = %d.name, generation = ?link.meta().generation, %upstream, "link started");
         let (upstream, reads_from) = watch::channel(upstream);
@@ -346,6 +356,7 @@ impl Runs {
                 stop: stop_tx,
                 followed: None,
                 deciding,
+                switch,
                 followed_containment: false,
                 transitions,
                 started: tokio::time::Instant::now(),
@@ -383,10 +394,20 @@ fn connect(shared: &Shared, d: &DesiredLink, upstream: &Upstream) -> crate::link
     }
 }
 
-fn spawn_reconnect(handle: Arc<LinkHandle>, connect: crate::link::Connect) {
-    tokio::spawn(async move {
-        if let Err(e) = handle.reconnect(connect).await {
-            tracing::warn!(error = %e, "cannot reconnect the link");
+/// Passes the latest of `switches` to the link, in order: a reconnect and a disconnect sent
+/// from tasks of their own could arrive swapped and leave the link reading from the wrong
+/// place. Only the latest matters, so one that is superseded before it is sent is skipped.
+async fn forward_switches(handle: Arc<LinkHandle>, mut switches: watch::Receiver<Option<Switch>>) {
+    while switches.changed().await.is_ok() {
+        let Some(switch) = switches.borrow_and_update().clone() else {
+            continue;
+        };
+        let sent = match switch {
+            Switch::Read(connect) => handle.reconnect(connect).await,
+            Switch::Stop(why) => handle.disconnect(why).await,
+        };
+        if sent.is_err() {
+            return;
         }
-    });
+    }
 }
