@@ -165,13 +165,13 @@ impl LinkRow {
 /// Whether the remote answers, from the link's phase and what it says: a link says "the
 /// remote is unreachable since <time>: <why>" while its remote does not answer.
 fn remote<'a>(phase: &str, said: impl Iterator<Item = &'a str>) -> String {
-    const UNREACHABLE: &str = "unreachable since ";
+    use crate::upstream::health::UNREACHABLE_SINCE as UNREACHABLE;
     for text in said {
         if let Some(at) = text.find(UNREACHABLE) {
             let rest = &text[at + UNREACHABLE.len()..];
             // The time is the first word; a colon ends the sentence before the reason.
             let since = rest.split(' ').next().unwrap_or(rest);
-            return format!("unreachable since {}", since.trim_end_matches(':'));
+            return format!("{UNREACHABLE}{}", since.trim_end_matches(':'));
         }
     }
     match phase {

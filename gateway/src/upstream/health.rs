@@ -37,11 +37,15 @@ pub struct Unreachable {
     pub reason: String,
 }
 
+/// What a link's message says while its remote does not answer, before the time it stopped
+/// (`floodgate status` reads it back).
+pub const UNREACHABLE_SINCE: &str = "unreachable since ";
+
 impl std::fmt::Display for Unreachable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "the remote is unreachable since {}: {}",
+            "the remote is {UNREACHABLE_SINCE}{}: {}",
             self.since.round(jiff::Unit::Second).unwrap_or(self.since),
             self.reason
         )
