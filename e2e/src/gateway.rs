@@ -154,6 +154,7 @@ pub async fn start_floodgate(
             admin_token_file: Some(token_file),
             limits: Default::default(),
             shutdown_timeout: floodgate::server::DEFAULT_SHUTDOWN_TIMEOUT,
+            link_starts_per_second: floodgate::link::DEFAULT_LINK_STARTS_PER_SECOND,
         },
     };
     let floodgate = floodgate::run::start(cfg).await?;

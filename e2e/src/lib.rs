@@ -4,7 +4,7 @@
 //! captured logs ([`logs`]), Floodgate (either mode) and consumers as processes ([`process`],
 //! `src/bin/consumer.rs`, which resolves endpoints to pods as Linkerd's destination does:
 //! [`resolve`]), the side-by-side flood replay ([`flood`]), cold starts against a
-//! large remote ([`cold`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
+//! large remote ([`cold`]), a hub of many links ([`hub`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
 //! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
 //! ([`local`], [`cluster`]), a real etcd and kube-apiserver with the Go programs the real-server
 //! lane drives ([`real`]), the rows both report S1 with ([`report`]), and the scenario tests in
@@ -20,6 +20,7 @@ pub mod drivers;
 pub mod flood;
 pub mod gateway;
 pub mod herd;
+pub mod hub;
 pub mod local;
 pub mod logs;
 pub mod modes;

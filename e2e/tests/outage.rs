@@ -197,6 +197,7 @@ async fn a_broken_link_harms_no_other_and_holds_readiness() {
             admin_token_file: None,
             limits: Default::default(),
             shutdown_timeout: floodgate::server::DEFAULT_SHUTDOWN_TIMEOUT,
+            link_starts_per_second: floodgate::link::DEFAULT_LINK_STARTS_PER_SECOND,
         },
     };
     let running = floodgate::run::start(cfg).await.expect("floodgate");

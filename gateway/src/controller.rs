@@ -196,6 +196,7 @@ pub async fn serve(
         namespace: ns.clone(),
         identity: args.identity.clone(),
         peers,
+        pacer: crate::link::Pacer::new(boot.cfg.link_starts_per_second),
     };
     let registry = Arc::new(Registry::new());
     let (listed_tx, listed) = watch::channel(false);

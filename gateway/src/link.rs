@@ -39,11 +39,13 @@ const CONNECT_BACKOFF: backon::ExponentialBuilder = backon::ExponentialBuilder::
     .with_jitter()
     .without_max_times();
 
+mod pace;
 mod persist;
 mod state;
 mod task;
 mod wire;
 
+pub use pace::{DEFAULT_LINK_STARTS_PER_SECOND, Pacer};
 pub use state::{
     ContainedService, ContainmentStatus, EngineStatus, LinkState, QuarantineStatus, UpstreamStatus,
 };

@@ -120,6 +120,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     let state_dir = &boot.cfg.state_dir;
     let registry = Arc::new(Registry::new());
     let mut tokens = HashMap::new();
+    let pacer = link::Pacer::new(boot.cfg.link_starts_per_second);
     for l in &cfg.links.links {
         let token = credentials::link_token(state_dir, &l.name)?;
         let remote =
@@ -127,7 +128,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
         let handle = Arc::new(link::spawn(
             &l.name,
             l.spec.clone(),
-            credentials::connect(remote, l.spec.remote.context.clone()),
+            pacer.pace(credentials::connect(remote, l.spec.remote.context.clone())),
             credentials::incarnation(),
             Some(crate::persist::LinkDir::new(state_dir, &l.name)),
             shutdown.clone(),

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use crate::auth::Token;
 use crate::credentials::{self, TlsSource};
 use crate::kubeapi::{self, serve::ServeLimits};
+use crate::link;
 use crate::registry::Registry;
 use crate::server::{self, Listeners, ServerConfig, Signals};
 use crate::tls::TlsMaterial;
@@ -75,6 +76,11 @@ pub struct ServeArgs {
     /// SIGINT exits at once.
     #[arg(long, env = "FLOODGATE_SHUTDOWN_TIMEOUT", default_value_t = server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs())]
     pub shutdown_timeout: u64,
+    /// Attempts to reach a remote (first dials and retries, all links together) allowed a
+    /// second, half as many at once: links that start together list their remotes in turn,
+    /// not in one instant. 0 does not pace.
+    #[arg(long, env = "FLOODGATE_LINK_STARTS_PER_SECOND", default_value_t = link::DEFAULT_LINK_STARTS_PER_SECOND)]
+    pub link_starts_per_second: u32,
 }
 
 impl Default for ServeArgs {
@@ -95,6 +101,7 @@ impl Default for ServeArgs {
             header_read_timeout: KubeDuration(limits.header_read_timeout),
             write_timeout: KubeDuration(limits.write_timeout),
             shutdown_timeout: server::DEFAULT_SHUTDOWN_TIMEOUT.as_secs(),
+            link_starts_per_second: link::DEFAULT_LINK_STARTS_PER_SECOND,
         }
     }
 }
@@ -126,6 +133,8 @@ pub struct ServeConfig {
     pub limits: ServeLimits,
     /// How long a shutdown drains before it gives up.
     pub shutdown_timeout: Duration,
+    /// Attempts to reach a remote a second, all links together (0: unpaced).
+    pub link_starts_per_second: u32,
 }
 
 impl ServeArgs {
@@ -165,6 +174,7 @@ impl ServeArgs {
                 write_timeout: self.write_timeout.get(),
             },
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
+            link_starts_per_second: self.link_starts_per_second,
         })
     }
 }
@@ -198,6 +208,7 @@ impl ServeConfig {
             "mutatingRoutes": mutating,
             "facadeLimits": self.limits,
             "shutdownTimeout": self.shutdown_timeout.as_secs_f64(),
+            "linkStartsPerSecond": self.link_starts_per_second,
         });
         match v {
             Value::Object(map) => map,

@@ -111,6 +111,7 @@ async fn mk_admin(token: Option<&str>) -> Fixture {
         admin_token_file: token.map(|_| "/etc/floodgate/admin-token".into()),
         limits: Default::default(),
         shutdown_timeout: crate::server::DEFAULT_SHUTDOWN_TIMEOUT,
+        link_starts_per_second: crate::link::DEFAULT_LINK_STARTS_PER_SECOND,
     };
     let mut config = serving.to_json();
     let file = LinksFile {

@@ -211,6 +211,8 @@ pub(super) struct Shared {
     pub(super) namespace: String,
     pub(super) identity: String,
     pub(super) peers: Option<super::peers::Peers>,
+    /// Every attempt to reach a remote or a holder waits its turn here.
+    pub(super) pacer: crate::link::Pacer,
 }
 
 /// Carries a command sent to this replica's admin API to the link's Lease holder, through the

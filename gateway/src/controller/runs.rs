@@ -376,7 +376,7 @@ impl Runs {
 /// How link `d` reaches `upstream`: the remote with the Link's credentials, or the holder's
 /// facade with the link's token and the CA the replicas share.
 fn connect(shared: &Shared, d: &DesiredLink, upstream: &Upstream) -> crate::link::Connect {
-    match (upstream, &shared.peers) {
+    let connect = match (upstream, &shared.peers) {
         (Upstream::Holder { facade, .. }, Some(peers)) => {
             let kubeconfig = credentials::peer_kubeconfig(
                 &format!("https://{facade}/links/{}", d.name),
@@ -391,7 +391,8 @@ fn connect(shared: &Shared, d: &DesiredLink, upstream: &Upstream) -> crate::link
             RemoteKubeconfig::Yaml(d.kubeconfig.clone()),
             d.spec.remote.context.clone(),
         ),
-    }
+    };
+    shared.pacer.pace(connect)
 }
 
 /// Passes the latest of `switches` to the link, in order: a reconnect and a disconnect sent

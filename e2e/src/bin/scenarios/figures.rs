@@ -3,6 +3,7 @@
 
 use floodgate_e2e::cold::{ColdOutcome, ColdPlan};
 use floodgate_e2e::flood::{Outcome, percentile};
+use floodgate_e2e::hub::HubOutcome;
 use floodgate_e2e::report::{Figure, S1, mib};
 use floodgate_e2e::resolve::Resolved;
 
@@ -221,4 +222,57 @@ pub fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
             met: None,
         });
     }
+}
+
+/// The many-links rows: the start's lists unpaced beside paced, then the paced hub's ready
+/// time, memory a link beyond the JSON it serves, and idle CPU.
+pub fn hub_figures(unpaced: &HubOutcome, paced: &HubOutcome, out: &mut Vec<Figure>) {
+    let n = paced.links;
+    let lists = |o: &HubOutcome| {
+        format!(
+            "{} lists and watches over {:.1} s, at most {} in 100 ms ({}/s)",
+            o.lists, o.lists_spread_s, o.lists_peak_per_100ms, o.starts_per_second
+        )
+    };
+    out.push(Figure {
+        what: format!("Many links: {n} links start; their lists and watches reach the remote"),
+        direct: format!("unpaced: {}", lists(unpaced)),
+        floodgate: lists(paced),
+        ratio: String::new(),
+        target: "spread over >= 2 s".into(),
+        met: Some(paced.lists_spread_s >= 2.0),
+    });
+    out.push(Figure {
+        what: format!("Many links: {n} links ready (every link serving)"),
+        direct: format!("unpaced: {:.1} s", unpaced.ready_s),
+        floodgate: format!("{:.1} s", paced.ready_s),
+        ratio: String::new(),
+        target: "<= 10 s".into(),
+        met: Some(paced.ready_s <= 10.0),
+    });
+    out.push(Figure {
+        what: format!(
+            "Many links: RSS a link beyond the JSON it serves ({} objects held upstream in all)",
+            paced.upstream_objects
+        ),
+        direct: String::new(),
+        floodgate: format!(
+            "{:.2} MiB (RSS {}, JSON served {}, peak {})",
+            paced.per_link_beyond_json_kib / 1024.0,
+            mib(paced.steady_kib),
+            mib(paced.view_bytes / 1024),
+            mib(paced.peak_kib)
+        ),
+        ratio: String::new(),
+        target: "<= 2 MiB".into(),
+        met: Some(paced.per_link_beyond_json_kib <= 2048.0),
+    });
+    out.push(Figure {
+        what: format!("Many links: idle CPU of {n} links"),
+        direct: String::new(),
+        floodgate: format!("{:.2}% of a core", paced.idle_cpu_percent),
+        ratio: String::new(),
+        target: "<= 1%".into(),
+        met: Some(paced.idle_cpu_percent <= 1.0),
+    });
 }

@@ -10,6 +10,10 @@
 //!   exported service crash-loop (ready within 10 s, calm services served, the flooder
 //!   contained); and against 50,000 ready pods behind five exported services, no flood, twice:
 //!   with streaming lists, then with each list sent as one body (peak and steady memory).
+//! - **Many links** ([`floodgate_e2e::hub`]): 100 links in one `floodgate run`, each following
+//!   a remote of one capped service of 1,000 EndpointSlices: ready time, how the start's lists
+//!   reach the remote (unpaced, then at the default pace), memory a link beyond the JSON it
+//!   serves, idle CPU.
 //! - **S2 restart herd** (incident 1): 50 consumer processes restart 10 times each, straight
 //!   against kube-sim and then through Floodgate; kube-sim counts the requests it serves.
 //!
@@ -31,10 +35,12 @@ use floodgate_e2e::drivers::FloodShape;
 use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 
 use crate::figures::{
-    calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, s1_figures,
+    calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, hub_figures,
+    s1_figures,
 };
 use crate::report::{engine_figures, facade_figures, markdown};
 use floodgate_e2e::herd;
+use floodgate_e2e::hub::{self, HubPlan};
 use floodgate_e2e::report::{Figure, machine};
 use floodgate_link_crd::{LinkSpec, RemoteSpec};
 use serde_json::json;
@@ -73,8 +79,14 @@ struct Args {
     /// Serving cost: exported services of 100 ready pods each (`WIDE_PODS`), all served.
     #[arg(long, default_value_t = 1_000)]
     wide_services: usize,
+    /// Many links: links in one `floodgate run`, each following a remote of one capped service.
+    #[arg(long, default_value_t = 100)]
+    hub_links: usize,
+    /// Many links: EndpointSlices of 10 endpoints behind each link's one service.
+    #[arg(long, default_value_t = 1_000)]
+    hub_slices: usize,
     /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
-    /// cold-large, cold-wide, s2); the report then holds their figures only.
+    /// cold-large, cold-wide, many-links, s2); the report then holds their figures only.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -261,6 +273,25 @@ async fn main() -> anyhow::Result<()> {
         let o = cold::run(&dir("cold-wide")?, &plan).await?;
         cold_wide_figures(&plan, &o, &mut figures);
         report["cold_wide"] = serde_json::to_value(&o)?;
+    }
+    if args.runs("many-links") {
+        let mut runs = Vec::new();
+        // Unpaced first, then with the default pace: how the start's lists reach the remote.
+        for pace in [0, floodgate::link::DEFAULT_LINK_STARTS_PER_SECOND] {
+            let plan = HubPlan {
+                links: args.hub_links,
+                slices: args.hub_slices,
+                starts_per_second: pace,
+                idle_secs: 10,
+            };
+            println!(
+                "many links: {} links of {} EndpointSlices, {pace} link starts a second",
+                plan.links, plan.slices
+            );
+            runs.push(hub::run(&dir(&format!("many-links-{pace}"))?, &plan).await?);
+        }
+        hub_figures(&runs[0], &runs[1], &mut figures);
+        report["many_links"] = serde_json::to_value(&runs)?;
     }
     if args.runs("s2") {
         println!(

@@ -1,0 +1,38 @@
+//! A hub of links in one `floodgate run` process ([`floodgate_e2e::hub`], the many-links row of
+//! `make bench` at a tenth of its size): links that start together reach their remote in turn
+//! (`--link-starts-per-second`), and every one of them serves.
+
+use floodgate_e2e::hub::{self, HubPlan};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_links_at_four_starts_a_second_list_their_remote_in_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = HubPlan {
+        links: 12,
+        slices: 100,
+        starts_per_second: 4,
+        idle_secs: 0,
+    };
+    let o = hub::run(dir.path(), &plan).await.expect("the hub");
+    // Each link opens its watches (a streaming list each against kube-sim) once it has dialled.
+    assert!(
+        o.lists >= 3 * 12,
+        "the remote served {} lists and watches",
+        o.lists
+    );
+    // Two links dial at once, the other ten a quarter of a second apart: the last link dials
+    // 2.5 s after the first (a slow machine only spreads them more), and lists once it has
+    // dialled; 2 s leaves the first link half a second to dial more slowly than the last.
+    assert!(
+        o.lists_spread_s >= 2.0,
+        "12 links at 4 a second reached the remote within {:.2} s",
+        o.lists_spread_s
+    );
+    // Every link serves its capped service: 100 of the 1,000 endpoints, as slices.
+    assert!(
+        o.upstream_objects >= 12 * 100,
+        "{} objects held",
+        o.upstream_objects
+    );
+    assert!(o.view_bytes > 0, "nothing served");
+}
