@@ -8,7 +8,8 @@ use floodgate::cli::{self, Cli, Command, LogFormat};
 
 /// jemalloc, with background threads that give freed pages back while the gateway idles: with
 /// glibc's malloc a link serving 100,000 pods held 1.3-1.4x its live heap (see docs/figures.md's
-/// memory figures).
+/// memory figures). The `system-alloc` feature leaves malloc to the system, for heaptrack.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

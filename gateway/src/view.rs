@@ -15,7 +15,7 @@
 //! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -36,7 +36,8 @@ const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
 /// Changes of one kind a receiver may fall behind before it is told it lagged (and the facade
 /// closes its stream so the client resumes from the history or relists). 2048 events of one
 /// kind is seconds of a link's full default budget (50 publications/s of a few objects each);
-/// each kind's feed allocates its ring at once, 88 bytes a slot (1.1 MB for the six).
+/// each kind's feed allocates its ring at once, 88 bytes a slot (180 KB a kind, 1.1 MB for the
+/// six), so a kind's feed is made by its first watcher and let go with its last ([`Shelf`]).
 pub const FANOUT_BACKLOG: usize = 2048;
 
 /// Changes kept for resumption. At the default budget this is minutes of history.
@@ -98,8 +99,10 @@ struct Shelf {
     /// from any version at least this (every later change is still held).
     evicted: u64,
     /// Under the view's lock, so that subscribing and snapshotting are one step, and so that
-    /// [`View::disconnect`] can replace it.
-    tx: broadcast::Sender<Event>,
+    /// [`View::disconnect`] can replace it. Made by the first watcher of the kind (under the
+    /// read lock, hence the cell) and dropped by a publication that finds no watcher left: a
+    /// kind nobody watches holds no ring (a hub of 100 links held 110 MB of them).
+    tx: OnceLock<broadcast::Sender<Event>>,
 }
 
 impl Shelf {
@@ -108,7 +111,26 @@ impl Shelf {
             objects: BTreeMap::new(),
             history: VecDeque::new(),
             evicted: 0,
-            tx: broadcast::channel(FANOUT_BACKLOG).0,
+            tx: OnceLock::new(),
+        }
+    }
+
+    /// A receiver of every later change of this kind.
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
+        (self.tx)
+            .get_or_init(|| broadcast::channel(FANOUT_BACKLOG).0)
+            .subscribe()
+    }
+
+    /// Sends `e` to the kind's watchers, and lets the feed go when none is left.
+    fn send(&mut self, e: &Event) {
+        if let Some(tx) = self.tx.get() {
+            if tx.receiver_count() == 0 {
+                self.tx = OnceLock::new();
+            } else {
+                // A receiver dropped since the count is fine: it wanted nothing more.
+                let _ = tx.send(e.clone());
+            }
         }
     }
 
@@ -313,7 +335,7 @@ impl View {
     ) -> (Snapshot, broadcast::Receiver<Event>) {
         let s = self.read();
         // Subscribing under the read lock: no publication can slip between snapshot and receiver.
-        (s.snapshot_of(kind, scope), s.shelf(kind).tx.subscribe())
+        (s.snapshot_of(kind, scope), s.shelf(kind).subscribe())
     }
 
     /// A snapshot of a kind and a receiver of every later change of that kind, with no gap
@@ -330,14 +352,15 @@ impl View {
     ) -> [(Snapshot, broadcast::Receiver<Event>); N] {
         let s = self.read();
         // Subscribing under the read lock: no publication can slip between snapshot and receiver.
-        kinds.map(|k| (s.snapshot(k), s.shelf(k).tx.subscribe()))
+        kinds.map(|k| (s.snapshot(k), s.shelf(k).subscribe()))
     }
 
     /// Ends every watch: their streams close and clients resume (a stopped server does this).
     pub fn disconnect(&self) {
         let mut s = self.write();
         for shelf in &mut s.shelves {
-            shelf.tx = broadcast::channel(FANOUT_BACKLOG).0;
+            // Dropping the feed closes every receiver of it; the next watcher makes a new one.
+            shelf.tx = OnceLock::new();
         }
     }
 
@@ -404,7 +427,7 @@ impl View {
         if resource_version < shelf.evicted {
             return Err(ResumeError::Expired);
         }
-        let rx = shelf.tx.subscribe();
+        let rx = shelf.subscribe();
         let events = shelf
             .history
             .iter()

@@ -123,8 +123,7 @@ impl View {
             }
             let shelf = s.shelf_mut(key.kind);
             shelf.history.push_back((now, e.clone()));
-            // No receivers is fine: nobody watches yet.
-            let _ = shelf.tx.send(e.clone());
+            shelf.send(e);
             s.history_len += 1;
         }
     }

@@ -444,3 +444,44 @@ fn a_namespaced_list_copies_its_namespace_only() {
     let event = rx.try_recv().expect("the change after the snapshot");
     assert_eq!(event.object.object.id().to_string(), "b/new");
 }
+
+#[test]
+fn a_kind_holds_its_feed_only_while_someone_watches_it() {
+    let view = View::new(7, 100);
+    let feeds = |v: &View| {
+        let s = v.read();
+        Kind::ALL
+            .iter()
+            .filter(|k| s.shelf(**k).tx.get().is_some())
+            .count()
+    };
+    let now = Instant::now();
+    view.apply([Change::Upsert(mk_service("a", "1"))], now);
+    assert_eq!(feeds(&view), 0, "no watcher, no feed");
+
+    let (_, mut rx) = view.list_and_watch(Kind::Service);
+    assert_eq!(feeds(&view), 1, "the first watcher makes its kind's feed");
+    view.apply([Change::Upsert(mk_service("a", "2"))], now);
+    let e = rx.try_recv().expect("the watcher gets the change");
+    assert_eq!(e.kind, EventType::Modified);
+
+    drop(rx);
+    assert_eq!(feeds(&view), 1, "kept until a publication finds nobody");
+    view.apply([Change::Upsert(mk_service("a", "3"))], now);
+    assert_eq!(feeds(&view), 0, "let go once its last watcher left");
+
+    // A watcher that comes later resumes from the history and follows a new feed.
+    let v3 = view.resource_version();
+    let (missed, mut rx) = view.watch_from(Kind::Service, v3 - 1).expect("resume");
+    assert_eq!(missed.len(), 1);
+    view.apply([Change::Upsert(mk_service("a", "4"))], now);
+    assert_eq!(rx.try_recv().expect("the new feed").resource_version, v3 + 1);
+
+    // Disconnecting drops the feed, which closes every receiver of it.
+    view.disconnect();
+    assert!(matches!(
+        rx.try_recv(),
+        Err(tokio::sync::broadcast::error::TryRecvError::Closed)
+    ));
+    assert_eq!(feeds(&view), 0);
+}
