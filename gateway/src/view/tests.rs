@@ -475,7 +475,10 @@ fn a_kind_holds_its_feed_only_while_someone_watches_it() {
     let (missed, mut rx) = view.watch_from(Kind::Service, v3 - 1).expect("resume");
     assert_eq!(missed.len(), 1);
     view.apply([Change::Upsert(mk_service("a", "4"))], now);
-    assert_eq!(rx.try_recv().expect("the new feed").resource_version, v3 + 1);
+    assert_eq!(
+        rx.try_recv().expect("the new feed").resource_version,
+        v3 + 1
+    );
 
     // Disconnecting drops the feed, which closes every receiver of it.
     view.disconnect();
