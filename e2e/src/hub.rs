@@ -66,6 +66,8 @@ pub struct HubOutcome {
     pub per_link_beyond_json_kib: f64,
     /// CPU while idle, in percent of one core.
     pub idle_cpu_percent: f64,
+    /// Dials that waited for their turn (`floodgate_link_dials_paced_total`).
+    pub dials_paced: u64,
 }
 
 /// Starts the hub in `dir`, measures it, stops it.
@@ -135,6 +137,13 @@ async fn measure(
 ) -> anyhow::Result<HubOutcome> {
     let pid = floodgate.pid().context("floodgate's pid")?;
     let (view_bytes, upstream_objects) = served(floodgate).await?;
+    let (status, metrics) =
+        crate::admin::call_text(floodgate.admin, "GET", "/metrics", None, "").await?;
+    anyhow::ensure!(status == 200, "GET /metrics answered {status}");
+    let dials_paced = (metrics.lines())
+        .find_map(|l| l.strip_prefix("floodgate_link_dials_paced_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("floodgate_link_dials_paced_total is not served")?;
     let before = cpu_ticks(pid).context("floodgate's CPU time")?;
     let idle = Instant::now();
     tokio::time::sleep(Duration::from_secs(plan.idle_secs)).await;
@@ -156,6 +165,7 @@ async fn measure(
         upstream_objects,
         per_link_beyond_json_kib: beyond,
         idle_cpu_percent,
+        dials_paced,
     })
 }
 

@@ -28,6 +28,12 @@ async fn twelve_links_at_four_starts_a_second_list_their_remote_in_turn() {
         "12 links at 4 a second reached the remote within {:.2} s",
         o.lists_spread_s
     );
+    // The ten that waited are counted (a retried dial would wait again: at least ten).
+    assert!(
+        o.dials_paced >= 10,
+        "floodgate_link_dials_paced_total is {}",
+        o.dials_paced
+    );
     // Every link serves its capped service: 100 of the 1,000 endpoints, as slices.
     assert!(
         o.upstream_objects >= 12 * 100,

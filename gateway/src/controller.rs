@@ -196,7 +196,7 @@ pub async fn serve(
         namespace: ns.clone(),
         identity: args.identity.clone(),
         peers,
-        pacer: crate::link::Pacer::new(boot.cfg.link_starts_per_second),
+        pacer: boot.pacer.clone(),
     };
     let registry = Arc::new(Registry::new());
     let (listed_tx, listed) = watch::channel(false);

@@ -16,7 +16,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::link::LinkState;
+use crate::link::{LinkState, Pacer};
 use crate::registry::Registry as Links;
 
 /// Every phase, in the order `floodgate_link_phase` lists them.
@@ -54,12 +54,12 @@ struct BuildInfo {
 impl Metrics {
     /// Metrics of the links served, whichever they are at scrape time.
     pub fn new(links: Arc<Links>) -> Self {
-        Self::of_mode(links, "")
+        Self::of_mode(links, "", Pacer::default())
     }
 
     /// [`Metrics::new`] for a process running in `mode` (`run` or `controller`), which
     /// `floodgate_build_info` says with the version.
-    pub fn of_mode(links: Arc<Links>, mode: &str) -> Self {
+    pub fn of_mode(links: Arc<Links>, mode: &str, pacer: Pacer) -> Self {
         let mut registry = Registry::with_prefix("floodgate");
         let info = prometheus_client::metrics::family::Family::<
             BuildInfo,
@@ -76,6 +76,7 @@ impl Metrics {
             info,
         );
         registry.register_collector(Box::new(LinkCollector { links }));
+        registry.register_collector(Box::new(PacerCollector(pacer)));
         Self { registry }
     }
 
@@ -84,6 +85,19 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+/// `floodgate_link_dials_paced_total`: read from the pacer at scrape time.
+#[derive(Debug)]
+struct PacerCollector(Pacer);
+
+impl Collector for PacerCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let help =
+            "Attempts to reach a remote that waited for their turn (--link-starts-per-second).";
+        let metric = enc.encode_descriptor("link_dials_paced", help, None, MetricType::Counter)?;
+        ConstCounter::new(self.0.waited()).encode(metric)
     }
 }
 

@@ -120,7 +120,7 @@ pub async fn start(cfg: RunConfig) -> anyhow::Result<Running> {
     let state_dir = &boot.cfg.state_dir;
     let registry = Arc::new(Registry::new());
     let mut tokens = HashMap::new();
-    let pacer = link::Pacer::new(boot.cfg.link_starts_per_second);
+    let pacer = boot.pacer.clone();
     for l in &cfg.links.links {
         let token = credentials::link_token(state_dir, &l.name)?;
         let remote =

@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub admin_token: Option<Token>,
     /// The effective configuration, already redacted, for `GET /config`.
     pub config: Value,
+    /// The links' shared pace of dials, whose waits `GET /metrics` counts.
+    pub pacer: crate::link::Pacer,
 }
 
 /// The three listeners, bound by the caller (tests bind `127.0.0.1:0`).
@@ -165,7 +167,7 @@ pub fn start(
         links: links.clone(),
         config: cfg.config,
         token: cfg.admin_token,
-        metrics: crate::metrics::Metrics::of_mode(links.clone(), &mode),
+        metrics: crate::metrics::Metrics::of_mode(links.clone(), &mode, cfg.pacer),
         history: history.clone(),
     });
     let admin_router = admin::finish(admin::router(state).merge(health_router(

@@ -239,6 +239,9 @@ pub struct Bootstrap {
     pub cfg: ServeConfig,
     /// The facade's and gRPC's certificate; `None` serves plain HTTP.
     pub tls: Option<TlsMaterial>,
+    /// The pace every link's attempts to reach its remote share (`--link-starts-per-second`);
+    /// its waits are a metric.
+    pub pacer: link::Pacer,
     admin_token: Option<Token>,
 }
 
@@ -254,6 +257,7 @@ impl Bootstrap {
             .map(Token::new);
         let tls = credentials::tls_material(&cfg.tls, &cfg.state_dir, &cfg.hosts)?;
         Ok(Self {
+            pacer: link::Pacer::new(cfg.link_starts_per_second),
             cfg,
             tls,
             admin_token,
@@ -282,6 +286,7 @@ impl Bootstrap {
                 limits: self.cfg.limits,
                 admin_token: self.admin_token,
                 config,
+                pacer: self.pacer,
             },
             signals,
         )?;
