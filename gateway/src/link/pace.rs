@@ -2,9 +2,8 @@
 //! (`governor`) that every attempt to reach a remote passes through, the first dial and every
 //! retry alike. A hub of many links that starts, or that gets its remotes back after an outage
 //! of its own network, would otherwise list every remote in the same instant: the herd of
-//! relists of incident 1, and Floodgate's own peak of memory while every first list is decoded
-//! at once. A few links start at once (half a second's worth: a gateway of three links does not
-//! wait), the rest at the rate.
+//! relists of incident 1. A few links start at once (half a second's worth: a gateway of three
+//! links does not wait), the rest at the rate.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;

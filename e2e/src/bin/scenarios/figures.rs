@@ -238,7 +238,12 @@ pub fn hub_figures(unpaced: &HubOutcome, paced: &HubOutcome, out: &mut Vec<Figur
         what: format!("Many links: {n} links start; their lists and watches reach the remote"),
         direct: format!("unpaced: {}", lists(unpaced)),
         floodgate: lists(paced),
-        ratio: String::new(),
+        // The spread alone says little on 2 cores (decoding is CPU-bound, so an unpaced start
+        // spreads too); the busiest 100 ms says what the remote sees at once.
+        ratio: format!(
+            "{:.1}x fewer in the busiest 100 ms",
+            unpaced.lists_peak_per_100ms as f64 / paced.lists_peak_per_100ms.max(1) as f64
+        ),
         target: "spread over >= 2 s".into(),
         met: Some(paced.lists_spread_s >= 2.0),
     });
