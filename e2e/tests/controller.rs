@@ -443,21 +443,40 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     .await;
     let alone = sim.api.open_watches();
     assert!(alone > 0, "a watches the remote");
-    let watchers_on_a = async || {
-        floodgate_e2e::admin::link(a.admin, "east")
-            .await
-            .and_then(|l| l["counters"]["watchers"].as_u64())
-            .unwrap_or(0)
-    };
-    let consumers_of_a = watchers_on_a().await;
 
     let b = Replica::start_beside(&local, "replica-b", &a).await;
     let on_b = b.consumer("east", &token("east")).await;
-    until(30, "b serves east, following a's facade", async || {
+    until(30, "b serves east", async || {
         service_names(&on_b).await == Some(["web"].map(String::from).into())
-            && watchers_on_a().await > consumers_of_a
     })
     .await;
+    // b serves a's view version for version: a consumer that listed through a watches through
+    // b from a's version, with no relist, and gets the remote's next change.
+    let services = |c: &kube::Client| Api::<Service>::all(c.clone());
+    let listed = services(&on_a)
+        .list(&ListParams::default())
+        .await
+        .expect("a list through a");
+    let namespace = listed.items[0]
+        .metadata
+        .namespace
+        .clone()
+        .expect("a namespace");
+    let web_on_b = Api::<Service>::namespaced(on_b.clone(), &namespace)
+        .get("web")
+        .await
+        .expect("web through b");
+    assert_eq!(
+        web_on_b.metadata.resource_version, listed.items[0].metadata.resource_version,
+        "web has a's version through b"
+    );
+    let from = listed.metadata.resource_version.expect("a list version");
+    let mut watch = Box::pin(
+        services(&on_b)
+            .watch(&kube::api::WatchParams::default(), &from)
+            .await
+            .expect("b takes a watch from a's version"),
+    );
     assert_eq!(
         sim.api.open_watches(),
         alone,
@@ -465,6 +484,12 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     );
     cluster.add_service("api", true);
     cluster.scale("api", 2, true);
+    match next_change(&mut watch, "api's addition through b").await {
+        kube::api::WatchEvent::Added(s) => {
+            assert_eq!(s.metadata.name.as_deref(), Some("api"), "the change")
+        }
+        other => panic!("the remote's change, not {other:?}"),
+    }
     until(
         30,
         "a change on the remote reaches b's consumers",
@@ -485,6 +510,19 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     .await;
     cluster.add_service("billing", true);
     cluster.scale("billing", 2, true);
+    // The consumer that watches through b from a's version saw the handover as nothing: b went
+    // on from the view it followed, and its next event is the remote's next change.
+    match next_change(
+        &mut watch,
+        "billing's addition through b after the handover",
+    )
+    .await
+    {
+        kube::api::WatchEvent::Added(s) => {
+            assert_eq!(s.metadata.name.as_deref(), Some("billing"), "the change")
+        }
+        other => panic!("the remote's change and nothing before it, not {other:?}"),
+    }
     until(
         30,
         "a change after the handover reaches b's consumers",
@@ -494,6 +532,24 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     )
     .await;
     b.stop().await;
+}
+
+/// The next event of `watch` that is not a bookmark, within 30 s.
+async fn next_change<S>(watch: &mut S, what: &str) -> kube::api::WatchEvent<Service>
+where
+    S: futures_util::Stream<Item = kube::Result<kube::api::WatchEvent<Service>>> + Unpin,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let event = tokio::time::timeout_at(deadline, futures_util::StreamExt::next(watch))
+            .await
+            .unwrap_or_else(|_| panic!("{what} within 30 s"))
+            .expect("the watch goes on")
+            .expect("an event, not an error");
+        if !matches!(event, kube::api::WatchEvent::Bookmark(_)) {
+            return event;
+        }
+    }
 }
 
 /// A follower partitioned from its Lease holder (the holder alive, its Lease held) says so:

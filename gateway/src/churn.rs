@@ -166,6 +166,9 @@ pub struct Engine {
     /// False on a replica that does not hold the link's Lease: floods are measured, never
     /// acted on (the holder decides; this replica follows its record).
     deciding: bool,
+    /// True while the link's view follows the Lease holder's, version for version: the engine
+    /// publishes nothing ([`Engine::adopt_view`] ends it).
+    following: bool,
     /// After a quarantine: converge every group to upstream through the budget.
     republish: bool,
     /// Every service is to be judged against the thresholds from the state held, not only
@@ -198,6 +201,7 @@ impl Engine {
                 ..Sync::default()
             },
             deciding: true,
+            following: false,
             republish: false,
             assess: true,
             effects: Vec::new(),
@@ -218,6 +222,12 @@ impl Engine {
         // already over its thresholds may change no more, and would never be contained.
         self.assess |= deciding && !self.deciding;
         self.deciding = deciding;
+    }
+
+    /// Stops publishing: the view follows the Lease holder's as it is ([`Engine::adopt_view`]
+    /// takes it over).
+    pub fn set_following(&mut self) {
+        self.following = true;
     }
 
     /// Shares the pods the engine wants with the upstream pod watcher, which then skips

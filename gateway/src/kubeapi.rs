@@ -10,6 +10,7 @@
 
 pub mod list;
 pub mod query;
+pub mod replica;
 pub mod resource;
 pub mod review;
 mod route;

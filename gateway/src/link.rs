@@ -39,6 +39,7 @@ const CONNECT_BACKOFF: backon::ExponentialBuilder = backon::ExponentialBuilder::
     .with_jitter()
     .without_max_times();
 
+mod mirror;
 mod pace;
 mod persist;
 mod state;
@@ -71,6 +72,10 @@ pub enum Command {
     /// Reach the remote this new way (rotated credentials): the upstream reconnects and
     /// relists while the view, its versions and its watches carry on.
     Reconnect(Reconnect),
+    /// Follow the Lease holder's view, version for version, through its facade (this way):
+    /// the upstream stops and the engine publishes nothing until a [`Command::Reconnect`]
+    /// takes the link over from the view followed.
+    Follow(Reconnect),
     /// Stop reading the remote, and serve the view as it is until told where to read from
     /// ([`Command::Reconnect`]); the string says why.
     Disconnect(String),
@@ -171,6 +176,16 @@ impl LinkHandle {
     pub async fn reconnect(&self, connect: Connect) -> Result<(), LinkError> {
         self.commands
             .send(Command::Reconnect(Reconnect(connect)))
+            .await
+            .map_err(|_| LinkError::Stopped)
+    }
+
+    /// Makes the link's view follow the Lease holder's, version for version, through the
+    /// holder's facade (`connect` reaches it): consumers of every replica see the same objects
+    /// at the same versions. A later [`LinkHandle::reconnect`] takes the link over from there.
+    pub async fn follow(&self, connect: Connect) -> Result<(), LinkError> {
+        self.commands
+            .send(Command::Follow(Reconnect(connect)))
             .await
             .map_err(|_| LinkError::Stopped)
     }

@@ -11,8 +11,11 @@
 //! The view reads no clock: the history's instants are those its writer publishes at, so
 //! paused-time tests drive them.
 //!
-//! Resource versions are `incarnation << 40 | counter`: monotonic within one run, never 0, and
-//! recognisably foreign when they come from another run or replica ([`ResumeError::Expired`]).
+//! Resource versions are `base | counter`, the base an incarnation's `<< 40`: monotonic within
+//! one term, never 0, and recognisably foreign when they come from another run or replica
+//! ([`ResumeError::Expired`]). A view that follows another replica's ([`replica`]) serves that
+//! replica's versions, and one that goes on from a view it followed starts a term of its own:
+//! it keeps resuming the earlier terms' versions it holds, up to the last it followed in each.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -25,7 +28,9 @@ use crate::model::{Kind, NsName, ObjKey, Object};
 pub mod metadata;
 pub mod pages;
 mod publish;
+pub mod replica;
 mod stored;
+mod terms;
 
 use publish::encode;
 pub use stored::{Event, EventType, Stored, frame, stored_frame};
@@ -145,6 +150,12 @@ impl Shelf {
 struct State {
     base: u64,
     counter: u64,
+    /// Earlier terms of this view, oldest first: each one's base and the last counter this view
+    /// holds of it ([`terms`]).
+    earlier: VecDeque<(u64, u64)>,
+    /// Every publication, whole and in order, for the replicas that follow this view: made by
+    /// the first of them, let go by a publication that finds none ([`replica`]).
+    all: OnceLock<broadcast::Sender<Arc<[Event]>>>,
     shelves: [Shelf; Kind::ALL.len()],
     /// The JSON bytes of the objects held (what a full LIST of every kind serves).
     json_bytes: usize,
@@ -217,11 +228,13 @@ impl View {
     /// An empty view for one incarnation (a number that differs between runs and replicas; the
     /// low 23 bits are used).
     pub fn new(incarnation: u32, history_cap: usize) -> Self {
-        let base = u64::from(incarnation & 0x7f_ffff).max(1) << COUNTER_BITS;
+        let base = terms::base_of(incarnation);
         Self {
             state: Arc::new(RwLock::new(State {
                 base,
                 counter: 0,
+                earlier: VecDeque::new(),
+                all: OnceLock::new(),
                 shelves: std::array::from_fn(|_| Shelf::new()),
                 json_bytes: 0,
                 history_len: 0,
@@ -268,6 +281,10 @@ impl View {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (next, planned) = self.plan(changes);
         let events = encode(next, planned);
+        debug_assert!(
+            events.first().is_none_or(|e| e.resource_version == next),
+            "publications are serialised by the writer mutex"
+        );
         self.commit(&events, now);
         events
     }
@@ -357,11 +374,8 @@ impl View {
 
     /// Ends every watch: their streams close and clients resume (a stopped server does this).
     pub fn disconnect(&self) {
-        let mut s = self.write();
-        for shelf in &mut s.shelves {
-            // Dropping the feed closes every receiver of it; the next watcher makes a new one.
-            shelf.tx = OnceLock::new();
-        }
+        // Dropping a feed closes every receiver of it; the next watcher makes a new one.
+        self.write().end_watches();
     }
 
     /// Forgets the change history, so every resume from an older version gets 410 Expired
@@ -394,17 +408,11 @@ impl View {
         s.history_len -= dropped;
     }
 
-    /// Checks that this incarnation issued `resource_version` (it may be older than the history):
-    /// `Expired` for another run's version, `TooLarge` for one not issued yet.
+    /// Checks that this view issued or followed `resource_version` (it may be older than the
+    /// history): `Expired` for another run's version or one of an earlier term this view never
+    /// followed, `TooLarge` for one not issued yet.
     pub fn check_issued(&self, resource_version: u64) -> Result<(), ResumeError> {
-        let s = self.read();
-        if resource_version & !COUNTER_MASK != s.base {
-            Err(ResumeError::Expired)
-        } else if resource_version & COUNTER_MASK > s.counter {
-            Err(ResumeError::TooLarge)
-        } else {
-            Ok(())
-        }
+        self.read().issued(resource_version).map(|_| ())
     }
 
     /// The changes of `kind` after `resource_version` and a receiver of every later one.
@@ -416,22 +424,17 @@ impl View {
         resource_version: u64,
     ) -> Result<(Vec<Event>, broadcast::Receiver<Event>), ResumeError> {
         let s = self.read();
-        if resource_version & !COUNTER_MASK != s.base {
-            return Err(ResumeError::Expired);
-        }
-        if resource_version & COUNTER_MASK > s.counter {
-            return Err(ResumeError::TooLarge);
-        }
+        let from = s.issued(resource_version)?;
         let shelf = s.shelf(kind);
         // Resuming needs every change after the version: none of them may have left.
-        if resource_version < shelf.evicted {
+        if from < s.position(shelf.evicted) {
             return Err(ResumeError::Expired);
         }
         let rx = shelf.subscribe();
         let events = shelf
             .history
             .iter()
-            .filter(|(_, e)| e.resource_version > resource_version)
+            .filter(|(_, e)| s.position(e.resource_version) > from)
             .map(|(_, e)| e.clone())
             .collect();
         Ok((events, rx))

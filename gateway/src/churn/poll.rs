@@ -47,7 +47,7 @@ impl Engine {
             self.containment.next_deadline(),
             self.flood.link.next_boundary(),
         ];
-        if self.machine.is_frozen() || !all_synced {
+        if self.machine.is_frozen() || !all_synced || self.following {
             return earliest(deadlines);
         }
         if !self.sync.once {
@@ -80,7 +80,11 @@ impl Engine {
     /// quarantine that comes before it), and counts the link as synced.
     pub(super) fn publish_all(&mut self, now: Instant) {
         self.sync.once = true;
-        for g in self.store.groups() {
+        // With the groups of a view taken over ([`Engine::adopt_view`]): those gone upstream
+        // are deleted.
+        let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
+        all.extend(self.publisher.published_groups().cloned());
+        for g in all {
             self.publish(&g, now);
         }
     }

@@ -365,6 +365,24 @@ impl Publisher {
 
     /// Installs a group's published state taken from a saved view (a restart in quarantine or
     /// with contained services): the objects are in the view already.
+    /// Forgets what every group published (the view is taken over as it is: [`Self::install`]
+    /// follows with what it holds).
+    pub fn reset(&mut self) {
+        self.groups.clear();
+        self.obj_refs.clear();
+        self.wanted.clear();
+        self.counters.services = 0;
+        self.counters.endpoints_published = 0;
+        self.counters.endpoints_truncated = 0;
+    }
+
+    /// Tells the pod watcher which pods are wanted now.
+    pub fn refresh_wanted(&mut self) {
+        if let Some(m) = &self.mirror {
+            m.replace(self.wanted.keys().cloned().collect());
+        }
+    }
+
     pub fn install(&mut self, g: Group, published: Published) {
         let c = &mut self.counters;
         if matches!(g, Group::Service(_)) && !published.objects.is_empty() {

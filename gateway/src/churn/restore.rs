@@ -80,6 +80,27 @@ impl Engine {
         self.assess = true;
     }
 
+    /// Takes over the view as it is (one that followed the Lease holder's, version for version)
+    /// and publishes into it again: what each group published is read from the view, and once
+    /// the remote has listed, every group is published whole and at once, so consumers see
+    /// only what changed on the remote meanwhile (unchanged objects are no change), and what
+    /// is gone upstream is deleted.
+    pub fn adopt_view(&mut self) {
+        self.following = false;
+        let objects: BTreeMap<ObjKey, Object> = (crate::model::Kind::ALL.iter())
+            .flat_map(|k| self.view().list(*k).items)
+            .map(|s| (s.object.key(), s.object.clone()))
+            .collect();
+        self.publisher.reset();
+        for (group, published) in groups_of(&objects) {
+            self.publisher.install(group, published);
+        }
+        self.publisher.refresh_wanted();
+        self.sync.clear();
+        self.sync.once = false;
+        self.assess = true;
+    }
+
     /// Puts saved objects in the view (published at `now`) and rebuilds the groups that
     /// published them.
     fn install(&mut self, objects: Vec<Object>, now: Instant) {

@@ -53,8 +53,10 @@ impl std::fmt::Display for Upstream {
 /// Where a running link is told to read from next.
 #[derive(Clone)]
 pub(super) enum Switch {
-    /// Read with these credentials (the remote's, or the holder's facade's).
+    /// Read the remote with these credentials.
     Read(crate::link::Connect),
+    /// Follow the holder's view through its facade, reached this way.
+    Follow(crate::link::Connect),
     /// Read nothing (the string says why); the view keeps serving.
     Stop(String),
 }
@@ -257,7 +259,10 @@ impl Runs {
                 "handing the link over to another replica: reading from it once it holds the Lease"
                     .into(),
             ),
-            other => Switch::Read(connect(&self.shared, &r.desired, other)),
+            holder @ Upstream::Holder { .. } => {
+                Switch::Follow(connect(&self.shared, &r.desired, holder))
+            }
+            Upstream::Remote => Switch::Read(connect(&self.shared, &r.desired, &want)),
         };
         r.upstream.send_replace(want);
         r.switch.send_replace(Some(switch));
@@ -320,6 +325,7 @@ impl Runs {
             _ => Upstream::Remote,
         };
         let connect = connect(shared, &d, &upstream);
+        let connect_again = connect.clone();
         let handle = Arc::new(link::spawn_restored(
             &d.name,
             d.spec.clone(),
@@ -336,6 +342,10 @@ impl Runs {
         let (deciding, deciding_rx) = watch::channel(false);
         tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
         let (switch, switch_rx) = watch::channel(None);
+        if let Upstream::Holder { .. } = &upstream {
+            // Its view follows the holder's from the start, version for version.
+            switch.send_replace(Some(Switch::Follow(connect_again)));
+        }
         tokio::spawn(forward_switches(handle.clone(), switch_rx));
         let transitions = handle.transitions();
         tracing::info!(link = %d.name, generation = ?link.meta().generation, %upstream, "link started");
@@ -405,6 +415,7 @@ async fn forward_switches(handle: Arc<LinkHandle>, mut switches: watch::Receiver
         };
         let sent = match switch {
             Switch::Read(connect) => handle.reconnect(connect).await,
+            Switch::Follow(connect) => handle.follow(connect).await,
             Switch::Stop(why) => handle.disconnect(why).await,
         };
         if sent.is_err() {

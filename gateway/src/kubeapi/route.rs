@@ -32,6 +32,8 @@ enum Target<'a> {
     GroupVersion(&'a str, &'a str),
     Review,
     Events,
+    /// A follower replica's stream of the whole view ([`super::replica`]).
+    Replica,
     Resource {
         def: &'static ResourceDef,
         namespace: Option<&'a str>,
@@ -46,6 +48,7 @@ fn route(path: &str) -> Target<'_> {
         ["version"] => return Target::Version,
         ["api"] => return Target::Api,
         ["apis"] => return Target::Apis,
+        ["floodgate", "v1", "view"] => return Target::Replica,
         ["api", v] => return Target::GroupVersion("", v),
         ["apis", g, v] => return Target::GroupVersion(g, v),
         [
@@ -177,6 +180,10 @@ async fn dispatch<S: ApiStore>(
         }
         Target::Events if method == Method::POST => {
             Ok(json(discard_event(api, &body)?, StatusCode::CREATED))
+        }
+        Target::Replica if read => {
+            wait_ready(store, api.limits.cold_wait).await?;
+            super::replica::serve(store.view(), raw_query)
         }
         Target::Resource {
             def,

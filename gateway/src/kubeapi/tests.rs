@@ -444,4 +444,5 @@ fn shared() -> (View, axum::Router) {
 mod fuzz;
 mod pages;
 mod protobuf;
+mod replica;
 mod watch;

@@ -232,11 +232,14 @@ pub(super) fn publish_state(
     engine: &Engine,
     counters: &UpstreamCounters,
     connected: bool,
+    mirrored: bool,
     transitions: &Tally,
     out: &Outputs,
 ) {
     let mut state = link_state(engine, counters);
     state.connected = connected;
+    // A view that held the holder's whole view is served, whoever publishes into it next.
+    state.synced |= mirrored;
     state.upstream.reachable = connected && counters.health.unreachable().is_none();
     state.quarantine.transitions = transitions.link;
     (state.containment.transitions).clone_from(&transitions.services);

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate_link_crd::{LinkSpec, Phase};
+use floodgate_link_crd::LinkSpec;
 use futures_util::future::{BoxFuture, OptionFuture};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -24,8 +24,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::persist::{Persist, contained_snapshot, restore, save, spawn_persister};
 use super::state::{Tally, publish_state};
-use super::wire::{Dialed, Watchers as _, Wire};
-use super::{BATCH, CONNECT_BACKOFF, Command, Connect, LinkState, UPSTREAM_QUEUE};
+use super::wire::{Dialed, Watchers as _, Wire, connect_with_backoff};
+use super::{BATCH, Command, Connect, LinkState, UPSTREAM_QUEUE};
 use crate::churn::quarantine::{RequestError, State, Transition};
 use crate::churn::restore::Saved;
 use crate::churn::{Change, Effect, Engine};
@@ -34,7 +34,6 @@ use crate::model::wanted::WantedPods;
 use crate::persist::LinkDir;
 use crate::upstream::{Message, UpstreamCounters};
 use crate::view::View;
-use backon::BackoffBuilder as _;
 
 /// Where a link's state goes.
 pub(super) struct Outputs {
@@ -92,6 +91,14 @@ pub(super) struct LinkTask<W: Wire> {
     upstream: Option<W::Watchers>,
     /// Pod fetches the engine asked for; aborted with the upstream.
     fetches: JoinSet<()>,
+    /// True while the view follows the Lease holder's ([`Command::Follow`]): `remote` is the
+    /// holder's facade, and `mirror` follows it.
+    follows_holder: bool,
+    mirror: JoinSet<()>,
+    /// Whether the view has held a whole view of the holder's (then it is served, as a synced
+    /// link's is, whoever publishes into it next).
+    mirrored: watch::Sender<bool>,
+    mirrored_rx: watch::Receiver<bool>,
     next_wake: Option<Instant>,
     transitions: Tally,
     /// When the link began, until its first sync is logged.
@@ -119,6 +126,7 @@ impl<W: Wire> LinkTask<W> {
         let wanted = WantedPods::everything();
         engine.mirror_wanted(wanted.clone());
         let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
+        let (mirrored, mirrored_rx) = watch::channel(false);
         let mut task = Self {
             wire: Arc::new(wire),
             engine,
@@ -136,6 +144,10 @@ impl<W: Wire> LinkTask<W> {
             generation: 1,
             upstream: None,
             fetches: JoinSet::new(),
+            follows_holder: false,
+            mirror: JoinSet::new(),
+            mirrored,
+            mirrored_rx,
             next_wake: None,
             transitions: Tally::default(),
             first_sync: Some(now),
@@ -172,6 +184,7 @@ impl<W: Wire> LinkTask<W> {
             () = sleep_until(self.next_wake.unwrap_or(far)) => Happened::Woken,
             Some(_) = self.fetches.join_next(), if !self.fetches.is_empty() => Happened::Woken,
             Ok(()) = self.health.changed() => Happened::Woken,
+            Ok(()) = self.mirrored_rx.changed() => Happened::Woken,
         }
     }
 
@@ -220,8 +233,22 @@ impl<W: Wire> LinkTask<W> {
                 return false;
             }
             Command::Quarantine(msg, reply) => (self.engine.quarantine(now, &msg), reply),
+            Command::Follow(super::Reconnect(connect)) => {
+                tracing::info!("following the Lease holder's view; the view keeps serving");
+                self.stop_upstream();
+                self.remote = None;
+                self.generation += 1;
+                self.follows_holder = true;
+                self.engine.set_following();
+                self.connect(connect);
+                return false;
+            }
             Command::Reconnect(super::Reconnect(connect)) => {
-                tracing::info!("new credentials: reconnecting; the view keeps serving");
+                if self.follows_holder {
+                    self.take_over();
+                } else {
+                    tracing::info!("new credentials: reconnecting; the view keeps serving");
+                }
                 self.stop_upstream();
                 self.remote = None;
                 // Messages of the old upstream are told apart by their generation.
@@ -244,6 +271,19 @@ impl<W: Wire> LinkTask<W> {
         true
     }
 
+    /// Reads the remote again after following the holder: the engine takes the view over as
+    /// it followed it, and publishes only what changed on the remote meanwhile.
+    fn take_over(&mut self) {
+        tracing::info!(
+            resource_version = self.engine.view().resource_version(),
+            "taking the link over from the view followed: reading the remote"
+        );
+        self.follows_holder = false;
+        self.mirror.abort_all();
+        (self.engine.view()).begin_own_term(crate::credentials::incarnation());
+        self.engine.adopt_view();
+    }
+
     /// Reaches the remote with `connect`, retrying with backoff until it answers.
     fn connect(&mut self, connect: Connect) {
         self.connecting = Some(Box::pin(connect_with_backoff(
@@ -264,7 +304,9 @@ impl<W: Wire> LinkTask<W> {
         (self.out.has_servers).send_replace(dialed.kinds.contains(&Kind::Server));
         self.engine.set_kinds(&dialed.kinds);
         self.remote = Some(dialed.remote);
-        if !matches!(self.engine.state(), State::Quarantined(_)) {
+        if self.follows_holder {
+            self.start_following();
+        } else if !matches!(self.engine.state(), State::Quarantined(_)) {
             self.start_upstream();
         }
     }
@@ -313,7 +355,7 @@ impl<W: Wire> LinkTask<W> {
                 }
             }
             Effect::FetchPods(pods) => {
-                if let Some(r) = &self.remote {
+                if let Some(r) = self.remote.as_ref().filter(|_| !self.follows_holder) {
                     tracing::debug!(pods = pods.len(), "fetching pods kept endpoints point at");
                     let fetch = self.wire.fetch_pods(
                         r,
@@ -356,8 +398,26 @@ impl<W: Wire> LinkTask<W> {
         }
     }
 
-    /// Starts a run of watchers on the connected remote.
+    /// Follows the holder's view through the connected facade.
+    fn start_following(&mut self) {
+        if let Some(r) = &self.remote {
+            self.mirror.abort_all();
+            let follow = self.wire.follow(
+                r,
+                self.engine.view().clone(),
+                self.counters.clone(),
+                self.mirrored.clone(),
+            );
+            self.mirror
+                .spawn(tracing::Instrument::in_current_span(follow));
+        }
+    }
+
+    /// Starts a run of watchers on the connected remote (not on a holder's facade).
     fn start_upstream(&mut self) {
+        if self.follows_holder {
+            return;
+        }
         if let Some(r) = &self.remote {
             self.upstream = Some(self.wire.watch(
                 r,
@@ -369,10 +429,11 @@ impl<W: Wire> LinkTask<W> {
         }
     }
 
-    /// Stops the watchers and the pod fetches.
+    /// Stops the watchers, the pod fetches and the following of a holder.
     fn stop_upstream(&mut self) {
         self.upstream = None;
         self.fetches.abort_all();
+        self.mirror.abort_all();
     }
 
     /// Logs the first sync once, with what it took.
@@ -396,57 +457,10 @@ impl<W: Wire> LinkTask<W> {
             &self.engine,
             &self.counters,
             self.remote.is_some(),
+            *self.mirrored_rx.borrow(),
             &self.transitions,
             &self.out,
         );
-    }
-}
-
-/// Connects until the remote answers (`/version` and discovery, over the network). Errors are reported in the
-/// link's state as they happen (a quarantined link keeps its quarantine message); the future
-/// only ends with a remote.
-async fn connect_with_backoff<W: Wire>(
-    wire: Arc<W>,
-    connect: Connect,
-    out: Arc<Outputs>,
-) -> Dialed<W::Remote> {
-    let mut backoffs = CONNECT_BACKOFF.build();
-    // The first failure is logged at WARN, the retries at DEBUG, and once more at WARN if the
-    // remote stays away past a minute.
-    let mut failing: Option<(Instant, bool)> = None;
-    loop {
-        match wire.dial(&connect).await {
-            Ok(dialed) => {
-                if let Some((since, _)) = failing {
-                    tracing::info!(away = ?since.elapsed(), "the remote answers again");
-                }
-                return dialed;
-            }
-            Err(e) => {
-                match &mut failing {
-                    None => {
-                        tracing::warn!(error = %e, "cannot reach the remote; retrying with backoff");
-                        failing = Some((Instant::now(), false));
-                    }
-                    Some((since, noted @ false))
-                        if since.elapsed() >= crate::upstream::health::LONG_OUTAGE =>
-                    {
-                        tracing::warn!(error = %e, away = ?since.elapsed(), "the remote is still unreachable");
-                        *noted = true;
-                    }
-                    Some(_) => tracing::debug!(error = %e, "cannot reach the remote"),
-                }
-                let message = format!("cannot reach the remote: {e}");
-                out.state.send_modify(|s| {
-                    if s.phase != Phase::Quarantined {
-                        s.phase = Phase::Degraded;
-                        s.message.clone_from(&message);
-                    }
-                });
-            }
-        }
-        // Without a limit on attempts, the builder never runs out.
-        tokio::time::sleep(backoffs.next().unwrap_or(Duration::from_secs(3))).await;
     }
 }
 

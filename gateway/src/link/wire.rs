@@ -6,12 +6,20 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
-use super::Connect;
+use std::time::Duration;
+
+use backon::BackoffBuilder as _;
+use floodgate_link_crd::Phase;
+use tokio::time::Instant;
+
+use super::task::Outputs;
+use super::{CONNECT_BACKOFF, Connect};
 use crate::model::wanted::WantedPods;
 use crate::model::{Kind, NsName};
 use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
+use crate::view::View;
 
 /// A link's remote, as its task uses it.
 pub(crate) trait Wire: Send + Sync + 'static {
@@ -43,6 +51,16 @@ pub(crate) trait Wire: Send + Sync + 'static {
         generation: u64,
         tx: mpsc::Sender<Message>,
         counters: Arc<UpstreamCounters>,
+    ) -> BoxFuture<'static, ()>;
+
+    /// Follows the view of the Lease holder whose facade `remote` is into `view`, version for
+    /// version, until dropped; `synced` becomes true once `view` holds the holder's whole view.
+    fn follow(
+        &self,
+        remote: &Self::Remote,
+        view: View,
+        counters: Arc<UpstreamCounters>,
+        synced: watch::Sender<bool>,
     ) -> BoxFuture<'static, ()>;
 }
 
@@ -113,10 +131,73 @@ impl Wire for Network {
             counters,
         ))
     }
+
+    fn follow(
+        &self,
+        remote: &Remote,
+        view: View,
+        counters: Arc<UpstreamCounters>,
+        synced: watch::Sender<bool>,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(super::mirror::follow(
+            remote.client.clone(),
+            view,
+            counters,
+            synced,
+        ))
+    }
 }
 
 impl Watchers for Upstream {
     fn listed(&self, kind: Kind) {
         Upstream::listed(self, kind);
+    }
+}
+
+/// Connects until the remote answers (`/version` and discovery, over the network). Errors are reported in the
+/// link's state as they happen (a quarantined link keeps its quarantine message); the future
+/// only ends with a remote.
+pub(super) async fn connect_with_backoff<W: Wire>(
+    wire: Arc<W>,
+    connect: Connect,
+    out: Arc<Outputs>,
+) -> Dialed<W::Remote> {
+    let mut backoffs = CONNECT_BACKOFF.build();
+    // The first failure is logged at WARN, the retries at DEBUG, and once more at WARN if the
+    // remote stays away past a minute.
+    let mut failing: Option<(Instant, bool)> = None;
+    loop {
+        match wire.dial(&connect).await {
+            Ok(dialed) => {
+                if let Some((since, _)) = failing {
+                    tracing::info!(away = ?since.elapsed(), "the remote answers again");
+                }
+                return dialed;
+            }
+            Err(e) => {
+                match &mut failing {
+                    None => {
+                        tracing::warn!(error = %e, "cannot reach the remote; retrying with backoff");
+                        failing = Some((Instant::now(), false));
+                    }
+                    Some((since, noted @ false))
+                        if since.elapsed() >= crate::upstream::health::LONG_OUTAGE =>
+                    {
+                        tracing::warn!(error = %e, away = ?since.elapsed(), "the remote is still unreachable");
+                        *noted = true;
+                    }
+                    Some(_) => tracing::debug!(error = %e, "cannot reach the remote"),
+                }
+                let message = format!("cannot reach the remote: {e}");
+                out.state.send_modify(|s| {
+                    if s.phase != Phase::Quarantined {
+                        s.phase = Phase::Degraded;
+                        s.message.clone_from(&message);
+                    }
+                });
+            }
+        }
+        // Without a limit on attempts, the builder never runs out.
+        tokio::time::sleep(backoffs.next().unwrap_or(Duration::from_secs(3))).await;
     }
 }

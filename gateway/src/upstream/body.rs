@@ -6,8 +6,9 @@
 //! a 24.2 MB copy for a 24 MB list). [`Contiguous`] reads every response that is not a watch
 //! into one growing buffer as its chunks arrive, each chunk freed once copied, and hands
 //! kube-rs that buffer as a single chunk, which `to_bytes` takes without copying. Capacity
-//! not yet written is not resident. Watches (`watch=true` or `watch=1`) stream through as they
-//! are: their frames are decoded as they come.
+//! not yet written is not resident. Watches (`watch=true` or `watch=1`) and a follower's stream
+//! of its holder's view ([`crate::kubeapi::replica`]) stream through as they are: their frames
+//! are decoded as they come.
 
 use std::pin::pin;
 use std::task::{Context, Poll};
@@ -84,12 +85,13 @@ where
     }
 }
 
-/// True when `uri` asks for a watch.
+/// True when `uri` asks for a watch, or for a holder's view (a stream too).
 fn is_watch(uri: &Uri) -> bool {
-    uri.query().is_some_and(|q| {
-        q.split('&')
-            .any(|kv| matches!(kv, "watch=true" | "watch=1"))
-    })
+    uri.path().ends_with(crate::kubeapi::replica::PATH)
+        || uri.query().is_some_and(|q| {
+            q.split('&')
+                .any(|kv| matches!(kv, "watch=true" | "watch=1"))
+        })
 }
 
 #[cfg(test)]
@@ -147,6 +149,13 @@ mod tests {
                 .len(),
             3,
             "a watch's frames pass one by one"
+        );
+        assert_eq!(
+            frames_of("/links/east/floodgate/v1/view?resourceVersion=7")
+                .await
+                .len(),
+            3,
+            "a holder's view passes frame by frame"
         );
         assert_eq!(frames_of("/api/v1/pods?watch=1").await.len(), 3);
         assert_eq!(

@@ -138,6 +138,15 @@ impl Health {
         self.state.subscribe()
     }
 
+    /// The remote answered a stream that failed before (a follower's one stream of its
+    /// holder's view, [`crate::link`]): the mark is cleared at once.
+    pub fn answered(&self) {
+        if self.state.borrow().is_some() {
+            *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.clear_if_quiet();
+        }
+    }
+
     /// Clears the mark if no watcher failed for [`QUIET`]; true if it is clear.
     fn clear_if_quiet(&self) -> bool {
         let quiet = self

@@ -101,11 +101,6 @@ impl View {
     pub(super) fn commit(&self, events: &[Event], now: Instant) {
         let Some(last) = events.last() else { return };
         let mut s = self.write();
-        debug_assert_eq!(
-            s.base | (s.counter + 1),
-            events[0].resource_version,
-            "publications are serialised by the writer mutex"
-        );
         s.counter = last.resource_version & COUNTER_MASK;
         for e in events {
             let key = e.object.object.key();
@@ -126,5 +121,6 @@ impl View {
             shelf.send(e);
             s.history_len += 1;
         }
+        s.send_all(events);
     }
 }

@@ -11,7 +11,9 @@ use tokio::task::JoinHandle;
 use super::super::wire::{Dialed, Watchers, Wire};
 use super::*;
 use crate::churn::tests::{mk_service, mk_spec};
-use crate::model::{NsName, Object};
+use crate::model::{NsName, ObjKey, Object};
+use crate::view::replica::{Mirrored, Start};
+use floodgate_link_crd::Phase;
 
 /// The kinds the fake remote serves.
 const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
@@ -22,6 +24,8 @@ struct Fake {
     failures: AtomicUsize,
     dials: AtomicUsize,
     runs: watch::Sender<Vec<Run>>,
+    /// The Lease holder's view a follower follows, in-process.
+    holder: Option<View>,
 }
 
 /// One run of watchers: the test sends its changes through `tx`.
@@ -124,6 +128,43 @@ impl Wire for Arc<Fake> {
     ) -> BoxFuture<'static, ()> {
         Box::pin(async {})
     }
+
+    /// What the holder's facade and the follower's stream do, without the wire: a snapshot,
+    /// then every publication.
+    fn follow(
+        &self,
+        (): &(),
+        view: View,
+        _: Arc<UpstreamCounters>,
+        synced: watch::Sender<bool>,
+    ) -> BoxFuture<'static, ()> {
+        let holder = self.holder.clone().expect("a holder to follow");
+        Box::pin(async move {
+            let (start, mut rx) = holder.replicate(None);
+            let Start::Snapshot {
+                resource_version,
+                items,
+            } = start
+            else {
+                panic!("a snapshot when asked from no version");
+            };
+            let items = (items.iter())
+                .map(|s| (s.object.clone(), s.resource_version))
+                .collect();
+            view.resync(resource_version, items, Instant::now());
+            synced.send_replace(true);
+            while let Ok(batch) = rx.recv().await {
+                let changes = (batch.iter())
+                    .map(|e| Mirrored {
+                        kind: e.kind,
+                        object: e.object.object.clone(),
+                        resource_version: e.resource_version,
+                    })
+                    .collect();
+                view.mirror(changes, Instant::now()).expect("in order");
+            }
+        })
+    }
 }
 
 /// A link's task on the fake remote, and the handles a test drives it with.
@@ -143,10 +184,16 @@ fn no_credentials() -> Connect {
 
 impl Link {
     fn start(failures: usize) -> Self {
+        Self::start_with(failures, None)
+    }
+
+    /// A link whose fake can follow `holder`'s view.
+    fn start_with(failures: usize, holder: Option<View>) -> Self {
         let fake = Arc::new(Fake {
             failures: AtomicUsize::new(failures),
             dials: AtomicUsize::new(0),
             runs: watch::channel(Vec::new()).0,
+            holder,
         });
         let view = View::new(1, 1_000);
         let (state_tx, state) = watch::channel(LinkState::default());
@@ -385,4 +432,107 @@ async fn a_disconnected_link_reads_nothing_until_told_where_to_read_again() {
         s.connected && s.phase == Phase::Healthy
     })
     .await;
+}
+
+/// The version of service `name` in `view`.
+fn version_of(view: &View, name: &str) -> Option<u64> {
+    let key = ObjKey {
+        kind: Kind::Service,
+        id: NsName::new("default", name),
+    };
+    view.get(&key).map(|s| s.resource_version)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_changed() {
+    let holder = Link::start(0);
+    let holders_remote = holder.run(1).await;
+    holders_remote.list(&["a", "b"]).await;
+    holder.serves(&["a", "b"]).await;
+
+    let mut follower = Link::start_with(0, Some(holder.view.clone()));
+    (follower.commands)
+        .send(Command::Follow(super::super::Reconnect(no_credentials())))
+        .await
+        .expect("the task takes commands");
+    follower
+        .until("synced from the holder's view", |s| s.synced)
+        .await;
+    follower.serves(&["a", "b"]).await;
+    assert_eq!(
+        follower.view.resource_version(),
+        holder.view.resource_version()
+    );
+    for name in ["a", "b"] {
+        assert_eq!(
+            version_of(&follower.view, name),
+            version_of(&holder.view, name),
+            "{name} at the holder's version"
+        );
+    }
+
+    // A change the holder publishes reaches the follower with the holder's version.
+    holders_remote.send(Change::Apply(service("c"))).await;
+    holder.serves(&["a", "b", "c"]).await;
+    follower.serves(&["a", "b", "c"]).await;
+    let seen = holder.view.resource_version();
+    assert_eq!(
+        version_of(&follower.view, "c"),
+        version_of(&holder.view, "c")
+    );
+    // A consumer that saw the holder's latest version resumes at the follower: nothing missed.
+    let (missed, mut consumer) = (follower.view)
+        .watch_from(Kind::Service, seen)
+        .expect("the holder's version resumes at the follower");
+    assert!(missed.is_empty(), "{missed:?}");
+    assert!(
+        follower.fake.runs.borrow().is_empty(),
+        "a follower starts no watchers"
+    );
+
+    // The holder goes on without the follower (which stops following), then the follower
+    // takes over: its remote lists a and c, b is gone.
+    holders_remote.send(Change::Apply(service("d"))).await;
+    holder.serves(&["a", "b", "c", "d"]).await;
+    (follower.commands)
+        .send(Command::Reconnect(
+            super::super::Reconnect(no_credentials()),
+        ))
+        .await
+        .expect("the task takes commands");
+    let run = follower.run(1).await;
+    run.list(&["a", "c"]).await;
+    follower.serves(&["a", "c"]).await;
+    // Its consumer saw what changed and nothing else: d, which it followed, then, from the
+    // take-over, the deletions of b and d; no event for a or c, unchanged on the remote.
+    let mut seen_events = Vec::new();
+    while let Ok(e) = consumer.try_recv() {
+        seen_events.push((e.kind.as_str(), e.object.object.key().id.name.to_string()));
+    }
+    let expected = [("ADDED", "d"), ("DELETED", "b"), ("DELETED", "d")];
+    assert_eq!(
+        seen_events,
+        expected.map(|(k, n)| (k, n.to_owned())),
+        "the consumer's events"
+    );
+    assert_eq!(
+        version_of(&follower.view, "a"),
+        version_of(&holder.view, "a"),
+        "a unchanged"
+    );
+    // The holder's versions it followed still resume, in a term of the follower's own...
+    let (after, _) = (follower.view)
+        .watch_from(Kind::Service, seen)
+        .expect("a followed version resumes after the take-over");
+    assert_eq!(after.len(), seen_events.len(), "{after:?}");
+    // ...and one the holder served after the follower stopped following is Expired, never a
+    // wrong resume.
+    holders_remote.send(Change::Apply(service("e"))).await;
+    holder.serves(&["a", "b", "c", "d", "e"]).await;
+    let later = holder.view.resource_version();
+    assert!(later > seen);
+    assert_eq!(
+        follower.view.watch_from(Kind::Service, later).err(),
+        Some(crate::view::ResumeError::Expired)
+    );
 }
