@@ -236,6 +236,7 @@ impl<W: Wire> LinkTask<W> {
             Command::Follow(super::Reconnect(connect)) => {
                 tracing::info!("following the Lease holder's view; the view keeps serving");
                 self.stop_upstream();
+                self.mirror.abort_all();
                 self.remote = None;
                 self.generation += 1;
                 self.follows_holder = true;
@@ -259,6 +260,7 @@ impl<W: Wire> LinkTask<W> {
             Command::Disconnect(why) => {
                 tracing::info!(%why, "the upstream stops; the view keeps serving");
                 self.stop_upstream();
+                self.mirror.abort_all();
                 self.remote = None;
                 self.connecting = None;
                 self.generation += 1;
@@ -349,7 +351,7 @@ impl<W: Wire> LinkTask<W> {
             }
             Effect::StartUpstream => {
                 self.generation += 1;
-                if self.remote.is_some() {
+                if self.remote.is_some() && !self.follows_holder {
                     self.start_upstream();
                     tracing::info!(generation = self.generation, "upstream restarted");
                 }
@@ -429,11 +431,12 @@ impl<W: Wire> LinkTask<W> {
         }
     }
 
-    /// Stops the watchers, the pod fetches and the following of a holder.
+    /// Stops the watchers and the pod fetches. A view that follows the holder's goes on
+    /// following it: a quarantine the holder recorded froze the holder's view already, and
+    /// its release shows in that view.
     fn stop_upstream(&mut self) {
         self.upstream = None;
         self.fetches.abort_all();
-        self.mirror.abort_all();
     }
 
     /// Logs the first sync once, with what it took.

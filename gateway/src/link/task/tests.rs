@@ -443,13 +443,13 @@ fn version_of(view: &View, name: &str) -> Option<u64> {
     view.get(&key).map(|s| s.resource_version)
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_changed() {
+/// A link that holds a remote serving `services`, the run of watchers its remote lists with,
+/// and a link whose view follows the holder's, synced.
+async fn holder_and_follower(services: &[&str]) -> (Link, Run, Link) {
     let holder = Link::start(0);
     let holders_remote = holder.run(1).await;
-    holders_remote.list(&["a", "b"]).await;
-    holder.serves(&["a", "b"]).await;
-
+    holders_remote.list(services).await;
+    holder.serves(services).await;
     let mut follower = Link::start_with(0, Some(holder.view.clone()));
     (follower.commands)
         .send(Command::Follow(super::super::Reconnect(no_credentials())))
@@ -458,6 +458,12 @@ async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_ch
     follower
         .until("synced from the holder's view", |s| s.synced)
         .await;
+    (holder, holders_remote, follower)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_changed() {
+    let (holder, holders_remote, follower) = holder_and_follower(&["a", "b"]).await;
     follower.serves(&["a", "b"]).await;
     assert_eq!(
         follower.view.resource_version(),
@@ -534,5 +540,29 @@ async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_ch
     assert_eq!(
         follower.view.watch_from(Kind::Service, later).err(),
         Some(crate::view::ResumeError::Expired)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_that_follows_the_holders_quarantine_keeps_following_its_view() {
+    let (holder, holders_remote, follower) = holder_and_follower(&["a"]).await;
+
+    // The controller makes a follower follow the quarantine the holder recorded, and its
+    // release: the follower's view goes on following the holder's all along.
+    follower.quarantine().await.expect("quarantined");
+    holders_remote.send(Change::Apply(service("b"))).await;
+    holder.serves(&["a", "b"]).await;
+    follower.serves(&["a", "b"]).await;
+    follower.release().await.expect("released");
+    holders_remote.send(Change::Apply(service("c"))).await;
+    holder.serves(&["a", "b", "c"]).await;
+    follower.serves(&["a", "b", "c"]).await;
+    assert_eq!(
+        follower.view.resource_version(),
+        holder.view.resource_version()
+    );
+    assert!(
+        follower.fake.runs.borrow().is_empty(),
+        "a follower starts no watchers, released or not"
     );
 }
