@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use futures_util::stream;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -94,9 +94,10 @@ pub(super) fn serve(view: &View, query: &str) -> Result<Response, StatusError> {
         };
         Some((Ok(frame), (first, rx, view)))
     });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, MEDIA_TYPE)
-        .body(Body::from_stream(body))
-        .map_err(|e| StatusError::bad_request(e.to_string()))
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, MEDIA_TYPE)],
+        Body::from_stream(body),
+    )
+        .into_response())
 }

@@ -56,11 +56,11 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let watch = is_watch(req.uri());
+        let stream = streams(req.uri());
         let response = self.0.call(req);
         Box::pin(async move {
             let response = response.await.map_err(Into::into)?;
-            if watch {
+            if stream {
                 return Ok(response.map(Either::Right));
             }
             let (parts, body) = response.into_parts();
@@ -85,8 +85,8 @@ where
     }
 }
 
-/// True when `uri` asks for a watch, or for a holder's view (a stream too).
-fn is_watch(uri: &Uri) -> bool {
+/// True when `uri` asks for a stream: a watch, or a holder's view.
+fn streams(uri: &Uri) -> bool {
     uri.path().ends_with(crate::kubeapi::replica::PATH)
         || uri.query().is_some_and(|q| {
             q.split('&')

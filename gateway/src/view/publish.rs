@@ -101,7 +101,8 @@ impl View {
     pub(super) fn commit(&self, events: &[Event], now: Instant) {
         let Some(last) = events.last() else { return };
         let mut s = self.write();
-        s.counter = last.resource_version & COUNTER_MASK;
+        // Never back: a follower's snapshot sets the version above its changes' own.
+        s.counter = s.counter.max(last.resource_version & COUNTER_MASK);
         for e in events {
             let key = e.object.object.key();
             let shelf = s.shelf_mut(key.kind);

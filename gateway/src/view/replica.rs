@@ -4,7 +4,7 @@
 //! [`View::mirror`]). A consumer whose connection moves between replicas resumes with the
 //! version it has, with no relist.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::broadcast;
@@ -161,11 +161,11 @@ impl View {
         let mut events = Vec::new();
         {
             let s = self.read();
-            let mut seen: HashMap<ObjKey, ()> = HashMap::with_capacity(objects.len());
+            let mut seen: HashSet<ObjKey> = HashSet::with_capacity(objects.len());
             for (object, rv) in objects {
                 let key = object.key();
                 let old = s.shelf(key.kind).objects.get(&key.id).cloned();
-                seen.insert(key, ());
+                seen.insert(key);
                 if old.as_ref().is_some_and(|o| o.object == object) {
                     continue;
                 }
@@ -189,7 +189,7 @@ impl View {
                         kind: stored.object.kind(),
                         id: id.clone(),
                     };
-                    if !seen.contains_key(&key) {
+                    if !seen.contains(&key) {
                         let last = stored.object.clone();
                         events.push(event(EventType::Deleted, last, resource_version, None));
                     }
@@ -210,10 +210,8 @@ impl View {
         }
         s.history_len = 0;
         drop(s);
+        // The view stays at the snapshot's version, whatever its changes' versions.
         self.commit(&events, now);
-        // The snapshot's version is where the view is, whatever its changes' versions.
-        self.write()
-            .begin_term(base, resource_version & COUNTER_MASK);
         n
     }
 
