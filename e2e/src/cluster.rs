@@ -165,6 +165,8 @@ impl Replica {
                 .map(|a| a.to_string()),
             peer_server_name: "localhost".into(),
             advertise_address: Some(advertised.to_string()),
+            lease_duration: floodgate_link_crd::KubeDuration(timing.lease.duration),
+            lease_renew: floodgate_link_crd::KubeDuration(timing.lease.renew),
         };
         let (stop, shutdown) = watch::channel(false);
         let client = local.client_as(NS, SERVICE_ACCOUNT).expect("client");

@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate_link_crd::Link;
+use floodgate_link_crd::{KubeDuration, Link};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -91,6 +91,33 @@ pub struct ControllerArgs {
     /// replica watches every remote.
     #[arg(long, env = "FLOODGATE_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<String>,
+    /// How long a link's Lease lasts without renewal (its `leaseDurationSeconds`, so whole
+    /// seconds): how long a link waits for a new holder when its holder dies unannounced
+    /// (a drained replica hands its links over at once).
+    #[arg(long, env = "FLOODGATE_LEASE_DURATION", default_value = "15s")]
+    pub lease_duration: KubeDuration,
+    /// How often a replica renews its Leases, and looks for free ones to take; under
+    /// `--lease-duration` (a third of it lets two renewals in a row fail harmlessly).
+    #[arg(long, env = "FLOODGATE_LEASE_RENEW", default_value = "5s")]
+    pub lease_renew: KubeDuration,
+}
+
+impl ControllerArgs {
+    /// The Lease timing of `--lease-duration` and `--lease-renew`, checked.
+    pub fn lease_timing(&self) -> anyhow::Result<lease::LeaseTiming> {
+        let (duration, renew) = (self.lease_duration.0, self.lease_renew.0);
+        anyhow::ensure!(
+            duration.as_secs() >= 1 && duration.subsec_nanos() == 0,
+            "--lease-duration must be whole seconds, at least 1s (a Lease's \
+             leaseDurationSeconds), not {duration:?}"
+        );
+        anyhow::ensure!(
+            !renew.is_zero() && renew < duration,
+            "--lease-renew ({renew:?}) must be above zero and under --lease-duration \
+             ({duration:?}): a Lease renewed no sooner than it expires is lost between renewals"
+        );
+        Ok(lease::LeaseTiming { duration, renew })
+    }
 }
 
 /// The tasks the controller cannot serve without, watched from its loop. A panic in one (or
@@ -163,8 +190,12 @@ pub async fn run(
     args: ControllerArgs,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let timing = Timing {
+        lease: args.lease_timing()?,
+        ..Timing::default()
+    };
     let listeners = serving::bind(&args.serve.to_config()?).await?;
-    serve(client, args, listeners, Timing::default(), shutdown).await
+    serve(client, args, listeners, timing, shutdown).await
 }
 
 /// Runs the controller until `shutdown` on listeners bound by the caller (tests bind
@@ -355,5 +386,48 @@ fn peers_of(
             ca_pem: tls.ca_pem.clone(),
         })),
         (Some(_), None) => anyhow::bail!("--peers needs the facade on TLS, not --insecure-http"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use crate::cli::{Cli, Command};
+
+    fn lease_timing(flags: &[&str]) -> anyhow::Result<super::lease::LeaseTiming> {
+        let argv = ["floodgate", "controller"].iter().chain(flags);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Controller(args) => args.lease_timing(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The defaults are the Lease timing the controller always had; shorter ones are taken
+    /// as given; a duration that is not whole seconds or a renewal not under the duration is
+    /// refused with the flag's name.
+    #[test]
+    fn lease_flags_are_checked() {
+        let default = lease_timing(&[]).expect("the defaults");
+        let expected = super::lease::LeaseTiming::default();
+        assert_eq!(
+            (default.duration, default.renew),
+            (expected.duration, expected.renew)
+        );
+        let fast = lease_timing(&["--lease-duration=2s", "--lease-renew=200ms"]).expect("fast");
+        assert_eq!(fast.duration.as_millis(), 2000);
+        assert_eq!(fast.renew.as_millis(), 200);
+        for (flags, named) in [
+            (&["--lease-duration=1500ms"][..], "--lease-duration"),
+            (&["--lease-duration=0s"], "--lease-duration"),
+            (
+                &["--lease-duration=5s", "--lease-renew=5s"],
+                "--lease-renew",
+            ),
+            (&["--lease-renew=0s"], "--lease-renew"),
+        ] {
+            let e = lease_timing(flags).expect_err("refused").to_string();
+            assert!(e.contains(named), "{flags:?}: {e}");
+        }
     }
 }

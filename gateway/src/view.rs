@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -222,6 +223,8 @@ pub struct View {
     writer: Arc<Mutex<()>>,
     /// The snapshots paginated lists continue from.
     pages: Arc<pages::Pages>,
+    /// Woken after every publication, for requests waiting for a version not issued yet.
+    advanced: Arc<tokio::sync::Notify>,
 }
 
 impl View {
@@ -242,6 +245,7 @@ impl View {
             })),
             writer: Arc::default(),
             pages: Arc::default(),
+            advanced: Arc::default(),
         }
     }
 
@@ -413,6 +417,30 @@ impl View {
     /// followed, `TooLarge` for one not issued yet.
     pub fn check_issued(&self, resource_version: u64) -> Result<(), ResumeError> {
         self.read().issued(resource_version).map(|_| ())
+    }
+
+    /// [`View::check_issued`], waiting up to `wait` for a version not issued yet, as the API
+    /// server waits for its cache before it answers `ResourceVersionTooLarge`: a consumer
+    /// that moves from one replica to another a moment ahead of the second resumes there.
+    pub async fn wait_issued(
+        &self,
+        resource_version: u64,
+        wait: Duration,
+    ) -> Result<(), ResumeError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let advanced = self.advanced.notified();
+            tokio::pin!(advanced);
+            // Registered before the check: a publication between the two still wakes it.
+            advanced.as_mut().enable();
+            match self.check_issued(resource_version) {
+                Err(ResumeError::TooLarge) => {}
+                checked => return checked,
+            }
+            if tokio::time::timeout_at(deadline, advanced).await.is_err() {
+                return Err(ResumeError::TooLarge);
+            }
+        }
     }
 
     /// The changes of `kind` after `resource_version` and a receiver of every later one.

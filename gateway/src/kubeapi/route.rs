@@ -210,6 +210,7 @@ async fn dispatch<S: ApiStore>(
             wait_ready(store, api.limits.cold_wait).await?;
             let q = parse_query(store, raw_query)?;
             let format = negotiate(headers, def.kind)?;
+            wait_fresh(store, &q).await;
             if q.watch {
                 return open_watch(api, def, namespace, name, q, format);
             }
@@ -331,6 +332,20 @@ fn open_watch<S: ApiStore>(
     // every later change reaches it.
     bump(&api.counters.watches);
     Ok(resp)
+}
+
+/// How long a list or watch from a version not issued yet waits for it, as the API server
+/// waits for its watch cache before answering 504 `ResourceVersionTooLarge`.
+const FRESH_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits up to [`FRESH_WAIT`] for the version a request names, when the view has not issued
+/// it yet: a replica that follows its holder a moment behind, or a consumer that moved from
+/// the holder to it. Whatever the wait ends with, the list or watch itself decides.
+async fn wait_fresh<S: ApiStore>(store: &S, q: &Query) {
+    let asked = q.resource_version.as_deref().and_then(|v| v.parse().ok());
+    if let Some(asked) = asked.filter(|&v: &u64| v != 0) {
+        let _checked_again_by_the_request = store.view().wait_issued(asked, FRESH_WAIT).await;
+    }
 }
 
 async fn wait_ready<S: ApiStore>(store: &S, wait: Duration) -> Result<(), StatusError> {

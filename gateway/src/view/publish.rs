@@ -98,7 +98,13 @@ impl View {
 
     /// Puts encoded events in: objects, byte count, history and feed, under the write lock.
     /// The history holds them as published at `now`.
+    /// Consumers waiting for a version ([`View::wait_issued`]) look again once it is done.
     pub(super) fn commit(&self, events: &[Event], now: Instant) {
+        self.commit_locked(events, now);
+        self.advanced.notify_waiters();
+    }
+
+    fn commit_locked(&self, events: &[Event], now: Instant) {
         let Some(last) = events.last() else { return };
         let mut s = self.write();
         // Never back: a follower's snapshot sets the version above its changes' own.

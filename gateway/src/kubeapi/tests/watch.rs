@@ -184,6 +184,59 @@ async fn an_expired_resume_is_an_in_stream_410_and_a_timeout_ends_with_a_bookmar
     assert!(f.next().await.is_none(), "the watch ends at its timeout");
 }
 
+/// A watch from the next version, one the view has not issued yet (a consumer that moved
+/// from a holder to a follower a moment behind it), waits for it as the API server waits for
+/// its cache, and resumes: the change at that version is not in its stream, the next one is.
+/// A version still not issued after the 3 s wait is 504 `ResourceVersionTooLarge`.
+#[tokio::test(start_paused = true)]
+async fn a_version_a_moment_ahead_is_waited_for_then_resumed() {
+    let (view, r) = shared();
+    let next = view.resource_version() + 1;
+    let uri = format!("/api/v1/namespaces/prod/services?watch=true&resourceVersion={next}");
+    let router = r.clone();
+    let opened = tokio::spawn(async move { Frames::open(router, &uri, None).await });
+    // The request is waiting (it has parsed, authenticated and checked the version).
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(!opened.is_finished(), "the watch waits for its version");
+    view.apply(
+        [Change::Upsert(mk_service("api", "prod", "api"))],
+        Instant::now(),
+    );
+    assert_eq!(view.resource_version(), next);
+    let (code, mut f) = opened.await.expect("opened");
+    assert_eq!(code, StatusCode::OK);
+    view.apply(
+        [Change::Upsert(mk_service("billing", "prod", "billing"))],
+        Instant::now(),
+    );
+    let ev = f.next().await.expect("the next change");
+    assert_eq!(
+        (
+            ev["type"].as_str(),
+            ev["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("billing")),
+        "resumed after the version waited for: {ev}"
+    );
+
+    let far = view.resource_version() + 10;
+    let waited = Instant::now();
+    let (code, v) = call(
+        r,
+        "GET",
+        &format!("/api/v1/services?resourceVersion={far}"),
+        Some("t0k3n"),
+        "",
+    )
+    .await;
+    assert_eq!(
+        (code.as_u16(), v["reason"].as_str()),
+        (504, Some("Timeout")),
+        "{v}"
+    );
+    assert_eq!(waited.elapsed(), std::time::Duration::from_secs(3));
+}
+
 #[tokio::test]
 async fn metadata_only_lists_and_watches() {
     let (view, r) = shared();
