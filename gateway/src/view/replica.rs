@@ -87,23 +87,19 @@ impl View {
         let rx = (s.all)
             .get_or_init(|| broadcast::channel(REPLICA_BACKLOG).0)
             .subscribe();
-        let resumable = from.filter(|&rv| {
-            rv & !COUNTER_MASK == s.base
-                && rv & COUNTER_MASK <= s.counter
-                && s.shelves
-                    .iter()
-                    .all(|sh| rv >= sh.evicted || sh.evicted & !COUNTER_MASK != s.base)
-        });
+        // A version of an earlier term resumes too (a follower of the holder this view took
+        // over from), when this view followed it and holds every change after it.
+        let resumable = from
+            .and_then(|rv| s.issued(rv).ok())
+            .filter(|&at| (s.shelves.iter()).all(|sh| at >= s.position(sh.evicted)));
         let start = match resumable {
-            Some(rv) => {
+            Some(at) => {
                 let mut events: Vec<Event> = (s.shelves.iter())
                     .flat_map(|sh| sh.history.iter().map(|(_, e)| e))
-                    .filter(|e| {
-                        e.resource_version & !COUNTER_MASK == s.base && e.resource_version > rv
-                    })
+                    .filter(|e| s.position(e.resource_version) > at)
                     .cloned()
                     .collect();
-                events.sort_by_key(|e| e.resource_version);
+                events.sort_by_key(|e| s.position(e.resource_version));
                 Start::Resumed(events)
             }
             None => Start::Snapshot {
@@ -117,18 +113,25 @@ impl View {
     }
 
     /// Takes in changes its holder published after the version this view is at, with their
-    /// versions: consumers see them as the holder's did.
+    /// versions: consumers see them as the holder's did. A change under a base above the
+    /// view's is the first of a term the holder began when it took over: the term followed
+    /// ends where the view is (the holder resumed this view from it, so it ended there too).
     pub fn mirror(&self, changes: Vec<Mirrored>, now: Instant) -> Result<(), MirrorError> {
         let _writing = self
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let at = self.resource_version();
+        let mut last = self.resource_version();
         let mut events = Vec::with_capacity(changes.len());
-        let mut last = at;
         for m in changes {
             let rv = m.resource_version;
-            if rv & !COUNTER_MASK != at & !COUNTER_MASK || rv <= last {
+            let base = rv & !COUNTER_MASK;
+            if base > last & !COUNTER_MASK {
+                self.commit(&std::mem::take(&mut events), now);
+                self.write().begin_term(base, 0);
+                last = base;
+            }
+            if base != last & !COUNTER_MASK || rv <= last {
                 return Err(MirrorError::OutOfOrder { at: last, got: rv });
             }
             last = rv;
@@ -371,6 +374,64 @@ mod tests {
         assert!(matches!(
             follower.mirror(vec![stale], now),
             Err(MirrorError::OutOfOrder { .. })
+        ));
+    }
+
+    fn mirrored(events: &[Event]) -> Vec<Mirrored> {
+        (events.iter())
+            .map(|e| Mirrored {
+                kind: e.kind,
+                object: e.object.object.clone(),
+                resource_version: e.resource_version,
+            })
+            .collect()
+    }
+
+    /// Two followers of one holder; the holder goes and one follower takes over under a term
+    /// of its own. The other, asking the new holder from the version it is at (one of the old
+    /// term), resumes: it gets the rest of the old term and the new term's changes, takes the
+    /// new term in, and its consumers resume from versions of either term.
+    #[test]
+    fn a_follower_resumes_from_the_holder_that_took_over_across_its_new_term() {
+        let now = Instant::now();
+        let old = View::new(9, 100);
+        old.apply([Change::Upsert(service("a", "1"))], now);
+        let (f, g) = (View::new(8, 100), View::new(7, 100));
+        for v in [&f, &g] {
+            let (at, items) = snapshot_of(&old);
+            v.resync(at, items, now);
+        }
+        let followed = old.apply([Change::Upsert(service("b", "1"))], now);
+        for v in [&f, &g] {
+            v.mirror(mirrored(&followed), now).expect("followed");
+        }
+        let old_term = g.resource_version();
+
+        f.begin_own_term(3);
+        let own = f.apply([Change::Upsert(service("c", "1"))], now);
+        assert!(
+            own[0].resource_version > old_term,
+            "versions grow across the term"
+        );
+        let (Start::Resumed(rest), _) = f.replicate(Some(old_term)) else {
+            panic!("a version of the term the new holder followed resumes");
+        };
+        assert_eq!(rest.len(), 1, "only the new term's change: {rest:?}");
+        g.mirror(mirrored(&rest), now)
+            .expect("the new term goes in");
+        assert_eq!(g.resource_version(), f.resource_version());
+        let (events, _) = (g.watch_from(crate::model::Kind::Service, old_term))
+            .expect("a version of the old term resumes on g");
+        assert_eq!(events.len(), 1);
+        let (events, _) = (g.watch_from(crate::model::Kind::Service, own[0].resource_version))
+            .expect("and one of the new term");
+        assert!(events.is_empty());
+
+        // A version of the old term the new holder never followed is no resume.
+        let ahead = old.apply([Change::Upsert(service("d", "1"))], now);
+        assert!(matches!(
+            f.replicate(Some(ahead[0].resource_version)).0,
+            Start::Snapshot { .. }
         ));
     }
 }
