@@ -203,55 +203,10 @@ async fn give_back_named(
 /// it runs, so the others know how many share the links.
 const REPLICA_PREFIX: &str = "floodgate-replica-";
 
-/// The Leases a replica holds of `links` when `replicas` share them: as many as any other,
-/// give or take one.
-pub fn share(links: usize, replicas: usize) -> usize {
-    links.div_ceil(replicas.max(1))
-}
+mod balance;
 
-/// The replicas running as `leases` last saw them (their presence Leases, held and live),
-/// `me` included.
-fn live_replicas(leases: &Store<Lease>, me: &str, now: jiff::Timestamp) -> usize {
-    let mut ids: BTreeSet<String> = (leases.state().iter())
-        .filter(|l| {
-            l.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(REPLICA_PREFIX))
-        })
-        .filter(|l| decide(l.spec.as_ref(), "", now) == Decision::Leave)
-        .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
-        .collect();
-    ids.insert(me.to_owned());
-    ids.len()
-}
-
-/// Whether this replica, holding `held` Leases of its `share`, tries to take `lease` (`None`:
-/// not created yet). A live holder's is left alone. A free or lapsed one is taken while this
-/// replica holds less than its share; past that, only once it has stayed free longer than a
-/// Lease lasts (no other replica took it: a link is never left without a holder for balance).
-fn worth_taking(
-    lease: Option<&Lease>,
-    held: usize,
-    share: usize,
-    now: jiff::Timestamp,
-    timing: LeaseTiming,
-) -> bool {
-    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
-        return true;
-    };
-    if decide(Some(spec), "", now) == Decision::Leave {
-        return false;
-    }
-    if held < share {
-        return true;
-    }
-    let lasts =
-        jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    let grace = jiff::SignedDuration::try_from(timing.duration).unwrap_or_default();
-    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
-    renewed.is_none_or(|t| t.0 + lasts + grace < now)
-}
+pub use balance::share;
+use balance::{live_replicas, loads, over_balance, worth_taking};
 
 /// The holder of link `link`'s Lease as `leases` (the lease loop's cache) last saw it: the
 /// replica that decides for the link, or `None` while nobody does.
@@ -364,6 +319,8 @@ pub async fn run(
         });
         let now = jiff::Timestamp::now();
         let share = share(wanted.len(), live_replicas(&leases, &me.identity, now));
+        let others = loads(&leases, &me.identity, now);
+        let fewest_elsewhere = others.values().min().copied();
         if let Some(link) = leaving.take() {
             let still_reading = reading.borrow().contains(&link);
             leaving = hand_over(&api, &me, timing, link, still_reading).await;
@@ -374,7 +331,8 @@ pub async fn run(
             }
             let mine = held.borrow().contains(link);
             let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(&namespace));
-            if !mine && !worth_taking(lease.as_deref(), held.borrow().len(), share, now, timing) {
+            let load = (held.borrow().len(), share);
+            if !mine && !worth_taking(lease.as_deref(), load, fewest_elsewhere, now, timing) {
                 continue;
             }
             let started = tokio::time::Instant::now();
@@ -398,7 +356,9 @@ pub async fn run(
         // More than its share: one Lease back per renewal, for a replica with less to take. It
         // leaves `held` now and its Lease at the next renewal: this replica stops reading its
         // remote in between, so two replicas never read one remote (break before make).
-        let excess = (held.borrow().len() > share)
+        // One at a time: a link still handed over is not joined by another.
+        let n = held.borrow().len();
+        let excess = (leaving.is_none() && (n > share || over_balance(n, &others, &me.identity)))
             .then(|| held.borrow().iter().next_back().cloned())
             .flatten();
         if let Some(link) = excess {
@@ -474,46 +434,6 @@ async fn hand_over(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_replica_holds_its_share_give_or_take_one() {
-        assert_eq!(share(3, 1), 3);
-        assert_eq!(share(3, 2), 2);
-        assert_eq!(share(3, 3), 1);
-        assert_eq!(share(2, 3), 1);
-        assert_eq!(share(0, 2), 0);
-        assert_eq!(share(4, 0), 4, "no replica seen: this one holds everything");
-    }
-
-    /// A replica under its share takes a free Lease; at its share it leaves it for one under
-    /// its share, unless nobody took it for longer than a Lease lasts; a live holder's it
-    /// never takes.
-    #[test]
-    fn a_free_lease_is_taken_by_a_replica_under_its_share() {
-        let now = jiff::Timestamp::now();
-        let timing = LeaseTiming::default();
-        let lease = |spec: LeaseSpec| Lease {
-            spec: Some(spec),
-            ..Lease::default()
-        };
-        let given_back = |secs_ago: i64| LeaseSpec {
-            holder_identity: None,
-            lease_duration_seconds: Some(1),
-            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(secs_ago))),
-            ..LeaseSpec::default()
-        };
-        let fresh = lease(given_back(0));
-        assert!(worth_taking(Some(&fresh), 0, 1, now, timing));
-        assert!(!worth_taking(Some(&fresh), 1, 1, now, timing));
-        let long_free = lease(given_back(60));
-        assert!(worth_taking(Some(&long_free), 1, 1, now, timing));
-        let live = lease(spec("replica-b", 1, now));
-        assert!(!worth_taking(Some(&live), 0, 5, now, timing));
-        assert!(
-            worth_taking(None, 3, 1, now, timing),
-            "a Lease nobody made yet"
-        );
-    }
 
     fn spec(holder: &str, renewed_secs_ago: i64, now: jiff::Timestamp) -> LeaseSpec {
         LeaseSpec {

@@ -1,0 +1,179 @@
+//! How the links are shared between replicas, from the Leases alone: each replica's share,
+//! which free Lease it takes, and when it hands one over.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::Store;
+
+use super::{Decision, LEASE_PREFIX, LeaseTiming, REPLICA_PREFIX, decide};
+
+/// The Leases a replica holds of `links` when `replicas` share them: as many as any other,
+/// give or take one.
+pub fn share(links: usize, replicas: usize) -> usize {
+    links.div_ceil(replicas.max(1))
+}
+
+/// The replicas running as `leases` last saw them (their presence Leases, held and live),
+/// `me` included.
+pub(super) fn live_replicas(leases: &Store<Lease>, me: &str, now: jiff::Timestamp) -> usize {
+    let mut ids: BTreeSet<String> = (leases.state().iter())
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(REPLICA_PREFIX))
+        })
+        .filter(|l| decide(l.spec.as_ref(), "", now) == Decision::Leave)
+        .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
+        .collect();
+    ids.insert(me.to_owned());
+    ids.len()
+}
+
+/// How many link Leases each other live replica holds, as `leases` last saw them: every
+/// replica with a live presence Lease (0 for one holding no link) and every live holder of a
+/// link's Lease; `me` is left out.
+pub(super) fn loads(
+    leases: &Store<Lease>,
+    me: &str,
+    now: jiff::Timestamp,
+) -> BTreeMap<String, usize> {
+    let mut loads = BTreeMap::new();
+    for lease in leases.state() {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        if !name.starts_with(LEASE_PREFIX) && !name.starts_with(REPLICA_PREFIX) {
+            continue;
+        }
+        let spec = lease.spec.as_ref();
+        let holder = spec.and_then(|s| s.holder_identity.as_deref());
+        let Some(holder) = holder.filter(|h| !h.is_empty() && *h != me) else {
+            continue;
+        };
+        if decide(spec, "", now) != Decision::Leave {
+            continue;
+        }
+        let load: &mut usize = loads.entry(holder.to_owned()).or_default();
+        if name.starts_with(LEASE_PREFIX) {
+            *load += 1;
+        }
+    }
+    loads
+}
+
+/// Whether this replica, holding `held` link Leases while the others hold `loads`, hands one
+/// over although it holds no more than its share: when another holds at least two fewer
+/// (four links over three replicas held 2, 2, 0 would leave the third with nothing). Of the
+/// replicas holding the most, only the first by identity does, one link per renewal.
+pub(super) fn over_balance(held: usize, loads: &BTreeMap<String, usize>, me: &str) -> bool {
+    let fewest = loads.values().min().copied().unwrap_or(held);
+    let most = loads.values().max().copied().unwrap_or(held).max(held);
+    let first_of_most = (loads.iter())
+        .filter(|(_, n)| **n == most)
+        .map(|(id, _)| id.as_str())
+        .chain((held == most).then_some(me))
+        .min();
+    held >= fewest + 2 && first_of_most == Some(me)
+}
+
+/// Whether this replica, holding `held` Leases of its `share`, tries to take `lease` (`None`:
+/// not created yet) while another holds `fewest_elsewhere` at the least. A live holder's is
+/// left alone. A free or lapsed one is taken while this replica holds less than its share and
+/// no more than any other (the replica holding fewest takes first: one that just joined gets
+/// what the others hand over); past that, only once it has stayed free longer than a Lease
+/// lasts (no other replica took it: a link is never left without a holder for balance).
+pub(super) fn worth_taking(
+    lease: Option<&Lease>,
+    (held, share): (usize, usize),
+    fewest_elsewhere: Option<usize>,
+    now: jiff::Timestamp,
+    timing: LeaseTiming,
+) -> bool {
+    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
+        return true;
+    };
+    if decide(Some(spec), "", now) == Decision::Leave {
+        return false;
+    }
+    if held < share && fewest_elsewhere.is_none_or(|f| held <= f) {
+        return true;
+    }
+    let lasts =
+        jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
+    let grace = jiff::SignedDuration::try_from(timing.duration).unwrap_or_default();
+    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
+    renewed.is_none_or(|t| t.0 + lasts + grace < now)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::*;
+
+    #[test]
+    fn each_replica_holds_its_share_give_or_take_one() {
+        assert_eq!(share(3, 1), 3);
+        assert_eq!(share(3, 2), 2);
+        assert_eq!(share(3, 3), 1);
+        assert_eq!(share(2, 3), 1);
+        assert_eq!(share(0, 2), 0);
+        assert_eq!(share(4, 0), 4, "no replica seen: this one holds everything");
+    }
+
+    /// A replica under its share takes a free Lease; at its share it leaves it for one under
+    /// its share, unless nobody took it for longer than a Lease lasts; a live holder's it
+    /// never takes.
+    #[test]
+    fn a_free_lease_is_taken_by_a_replica_under_its_share() {
+        let now = jiff::Timestamp::now();
+        let timing = LeaseTiming::default();
+        let lease = |spec: LeaseSpec| Lease {
+            spec: Some(spec),
+            ..Lease::default()
+        };
+        let given_back = |secs_ago: i64| LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(secs_ago))),
+            ..LeaseSpec::default()
+        };
+        let fresh = lease(given_back(0));
+        assert!(worth_taking(Some(&fresh), (0, 1), None, now, timing));
+        assert!(!worth_taking(Some(&fresh), (1, 1), None, now, timing));
+        assert!(
+            !worth_taking(Some(&fresh), (1, 2), Some(0), now, timing),
+            "left for the replica holding fewer"
+        );
+        assert!(worth_taking(Some(&fresh), (1, 2), Some(1), now, timing));
+        let long_free = lease(given_back(60));
+        assert!(worth_taking(Some(&long_free), (1, 1), Some(0), now, timing));
+        let live = lease(LeaseSpec {
+            holder_identity: Some("replica-b".into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(1))),
+            ..LeaseSpec::default()
+        });
+        assert!(!worth_taking(Some(&live), (0, 5), None, now, timing));
+        assert!(
+            worth_taking(None, (3, 1), None, now, timing),
+            "a Lease nobody made yet"
+        );
+    }
+
+    /// Four links over three replicas held 2, 2, 0: the first of the two holding two hands
+    /// one over, the other does not; 2, 1, 1 is balanced; alone, a replica hands nothing.
+    #[test]
+    fn a_replica_two_links_above_another_hands_one_over() {
+        let loads = |l: &[(&str, usize)]| -> BTreeMap<String, usize> {
+            l.iter().map(|(id, n)| ((*id).to_owned(), *n)).collect()
+        };
+        assert!(over_balance(2, &loads(&[("b", 2), ("c", 0)]), "a"));
+        assert!(!over_balance(2, &loads(&[("a", 2), ("c", 0)]), "b"));
+        assert!(!over_balance(2, &loads(&[("b", 1), ("c", 1)]), "a"));
+        assert!(!over_balance(0, &loads(&[("a", 2), ("b", 2)]), "c"));
+        assert!(over_balance(3, &loads(&[("a", 1)]), "b"));
+        assert!(!over_balance(4, &BTreeMap::new(), "a"));
+    }
+}
