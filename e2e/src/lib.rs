@@ -28,6 +28,7 @@ pub mod process;
 pub mod rbac;
 pub mod real;
 pub mod relay;
+pub mod replicas;
 pub mod report;
 pub mod resolve;
 pub mod sim;

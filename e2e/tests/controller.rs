@@ -10,6 +10,7 @@ use floodgate::controller::lease;
 use floodgate::controller::writer;
 use floodgate_e2e::cluster::*;
 use floodgate_e2e::local::RunningLocal;
+use floodgate_e2e::replicas::{WatchSampler, describe, next_change};
 use floodgate_e2e::until;
 use floodgate_link_crd::{Link, LinkStatus, Phase};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -484,12 +485,12 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     );
     cluster.add_service("api", true);
     cluster.scale("api", 2, true);
-    match next_change(&mut watch, "api's addition through b").await {
-        kube::api::WatchEvent::Added(s) => {
-            assert_eq!(s.metadata.name.as_deref(), Some("api"), "the change")
-        }
-        other => panic!("the remote's change, not {other:?}"),
-    }
+    let first = next_change(&mut watch, 30).await;
+    assert_eq!(
+        first.as_ref().map(describe).as_deref(),
+        Some("ADDED api"),
+        "api's addition through b"
+    );
     until(
         30,
         "a change on the remote reaches b's consumers",
@@ -512,17 +513,12 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     cluster.scale("billing", 2, true);
     // The consumer that watches through b from a's version saw the handover as nothing: b went
     // on from the view it followed, and its next event is the remote's next change.
-    match next_change(
-        &mut watch,
-        "billing's addition through b after the handover",
-    )
-    .await
-    {
-        kube::api::WatchEvent::Added(s) => {
-            assert_eq!(s.metadata.name.as_deref(), Some("billing"), "the change")
-        }
-        other => panic!("the remote's change and nothing before it, not {other:?}"),
-    }
+    let next = next_change(&mut watch, 30).await;
+    assert_eq!(
+        next.as_ref().map(describe).as_deref(),
+        Some("ADDED billing"),
+        "the remote's change and nothing before it, through b after the handover"
+    );
     until(
         30,
         "a change after the handover reaches b's consumers",
@@ -532,24 +528,6 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     )
     .await;
     b.stop().await;
-}
-
-/// The next event of `watch` that is not a bookmark, within 30 s.
-async fn next_change<S>(watch: &mut S, what: &str) -> kube::api::WatchEvent<Service>
-where
-    S: futures_util::Stream<Item = kube::Result<kube::api::WatchEvent<Service>>> + Unpin,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let event = tokio::time::timeout_at(deadline, futures_util::StreamExt::next(watch))
-            .await
-            .unwrap_or_else(|_| panic!("{what} within 30 s"))
-            .expect("the watch goes on")
-            .expect("an event, not an error");
-        if !matches!(event, kube::api::WatchEvent::Bookmark(_)) {
-            return event;
-        }
-    }
 }
 
 /// A follower partitioned from its Lease holder (the holder alive, its Lease held) says so:
@@ -711,18 +689,7 @@ async fn three_replicas_hold_one_link_each_and_each_remote_is_watched_once_throu
     let one_replica = sim.api.open_watches();
     assert!(one_replica >= 3 * 4, "a watches each remote: {one_replica}");
     // The most watches the remote serves at any moment from here on.
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let api = sim.api.clone();
-    let sampler = tokio::spawn(async move {
-        let mut most = 0;
-        loop {
-            most = most.max(api.open_watches());
-            tokio::select! {
-                _ = stopped.changed() => return most,
-                () = tokio::time::sleep(Duration::from_millis(20)) => {}
-            }
-        }
-    });
+    let sampler = WatchSampler::start(&sim);
 
     let b = Replica::start_beside(&local, "replica-b", &a).await;
     let c = Replica::start_beside(&local, "replica-c", &a).await;
@@ -767,8 +734,7 @@ async fn three_replicas_hold_one_link_each_and_each_remote_is_watched_once_throu
         },
     )
     .await;
-    stop.send_replace(true);
-    let most = sampler.await.expect("sampler");
+    let most = sampler.stop().await;
     eprintln!(
         "remote watches: {one_replica} with one replica, at most {most} with three and after one drained"
     );

@@ -4,6 +4,7 @@
 use floodgate_e2e::cold::{ColdOutcome, ColdPlan};
 use floodgate_e2e::flood::{Outcome, percentile};
 use floodgate_e2e::hub::HubOutcome;
+use floodgate_e2e::replicas::{Failover, Spread};
 use floodgate_e2e::report::{Figure, S1, mib};
 use floodgate_e2e::resolve::Resolved;
 
@@ -279,5 +280,68 @@ pub fn hub_figures(unpaced: &HubOutcome, paced: &HubOutcome, out: &mut Vec<Figur
         ratio: String::new(),
         target: "<= 1%".into(),
         met: Some(paced.idle_cpu_percent <= 1.0),
+    });
+}
+
+/// The replicas rows: the remote's watches a link with one replica and with more, a failover
+/// by SIGKILL as a consumer of a follower sees it, and links moving as replicas come and go.
+pub fn replica_figures(f: &Failover, s: &Spread, out: &mut Vec<Figure>) {
+    let lease = floodgate_e2e::replicas::LEASE.as_secs_f64();
+    out.push(Figure {
+        what: "Replicas: the remote's open watches (1 link; 4 links)".into(),
+        direct: format!(
+            "one replica: {}; {}",
+            f.watches_one_replica, s.watches_one_replica
+        ),
+        floodgate: format!(
+            "at most, with 3 replicas through a SIGKILL: {}; with 3, then 4, then one SIGKILLed: {}",
+            f.watches_most, s.watches_most
+        ),
+        ratio: format!(
+            "{:.1}x; {:.1}x",
+            f.watches_most as f64 / f.watches_one_replica.max(1) as f64,
+            s.watches_most as f64 / s.watches_one_replica.max(1) as f64
+        ),
+        target: "1.0x (one watch per resource per link)".into(),
+        met: Some(
+            f.watches_most == f.watches_one_replica && s.watches_most == s.watches_one_replica,
+        ),
+    });
+    out.push(Figure {
+        what: format!("Replicas: failover by SIGKILL ({lease:.0} s Leases)"),
+        direct: String::new(),
+        floodgate: format!(
+            "Lease taken {:.1} s after the SIGKILL; a remote change made then reached a \
+             consumer of a follower {:.1} s later",
+            f.lease_taken_s, f.change_reached_s
+        ),
+        ratio: String::new(),
+        target: format!("change within the Lease + 5 s ({:.0} s)", lease + 5.0),
+        met: Some(f.change_reached_s <= lease + 5.0),
+    });
+    let beyond = f.events.iter().filter(|e| *e != "ADDED api").count();
+    out.push(Figure {
+        what: "Replicas: events a consumer of a follower saw in a failover beyond the real change"
+            .into(),
+        direct: String::new(),
+        floodgate: format!(
+            "{beyond} ({:?}); reopened on another replica from its last version: {:?}",
+            f.events, f.resumed_on_another
+        ),
+        ratio: String::new(),
+        target: "0, and a resume elsewhere (no 410)".into(),
+        met: Some(beyond == 0 && f.resumed_on_another == ["ADDED billing"]),
+    });
+    out.push(Figure {
+        what: "Replicas: 4 links; a 4th replica joins, then one of 4 is SIGKILLed".into(),
+        direct: String::new(),
+        floodgate: format!(
+            "joined (holds a link) {:.1} s after ready; a SIGKILLed replica's link held by \
+             another {:.1} s after",
+            s.joined_s, s.moved_s
+        ),
+        ratio: String::new(),
+        target: format!("join <= {:.0} s; move <= {:.0} s", 2.0 * lease, 2.0 * lease),
+        met: Some(s.joined_s <= 2.0 * lease && s.moved_s <= 2.0 * lease),
     });
 }

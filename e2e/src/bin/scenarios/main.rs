@@ -14,6 +14,10 @@
 //!   a remote of one capped service of 1,000 EndpointSlices: ready time, how the start's lists
 //!   reach the remote (unpaced, then at the default pace), memory a link beyond the JSON it
 //!   serves, idle CPU.
+//! - **Replicas** ([`floodgate_e2e::replicas`]): `floodgate controller` processes with 2 s
+//!   Leases against kube-sim: the remote's watches with one replica and with three or four,
+//!   a failover by SIGKILL as a consumer of a follower sees it, and links that move as
+//!   replicas join and die.
 //! - **S2 restart herd** (incident 1): 50 consumer processes restart 10 times each, straight
 //!   against kube-sim and then through Floodgate; kube-sim counts the requests it serves.
 //!
@@ -36,7 +40,7 @@ use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 
 use crate::figures::{
     calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, hub_figures,
-    s1_figures,
+    replica_figures, s1_figures,
 };
 use crate::report::{engine_figures, facade_figures, markdown};
 use floodgate_e2e::herd;
@@ -86,7 +90,8 @@ struct Args {
     #[arg(long, default_value_t = 1_000)]
     hub_slices: usize,
     /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
-    /// cold-large, cold-wide, many-links, s2); the report then holds their figures only.
+    /// cold-large, cold-wide, many-links, replicas, s2); the report then holds their figures
+    /// only.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -292,6 +297,13 @@ async fn main() -> anyhow::Result<()> {
         }
         hub_figures(&runs[0], &runs[1], &mut figures);
         report["many_links"] = serde_json::to_value(&runs)?;
+    }
+    if args.runs("replicas") {
+        println!("replicas: a failover by SIGKILL, then four links over replicas that come and go");
+        let failover = floodgate_e2e::replicas::failover(&dir("replicas-failover")?).await?;
+        let spread = floodgate_e2e::replicas::spread(&dir("replicas-spread")?).await?;
+        replica_figures(&failover, &spread, &mut figures);
+        report["replicas"] = json!({"failover": failover, "spread": spread});
     }
     if args.runs("s2") {
         println!(
