@@ -228,6 +228,9 @@ pub struct Failover {
     /// The first event of the watch the consumer reopened on the third replica from its last
     /// version: `ADDED billing` when it resumed there (no 410, no relist).
     pub resumed_on_another: Vec<String>,
+    /// Each replica's resource watchers on the remote before the SIGKILL, as its admin API
+    /// says (`upstreamWatchers`), the holder first.
+    pub upstream_watchers: Vec<(String, u64)>,
 }
 
 /// Three replicas and one Link: a consumer watches through a follower from the version of its
@@ -252,6 +255,12 @@ pub async fn failover(dir: &Path) -> anyhow::Result<Failover> {
         followers.next().expect("one"),
         followers.next().expect("two"),
     );
+    let mut upstream_watchers = Vec::new();
+    for id in [&holder, &on, &other] {
+        let link = crate::admin::link(fleet.replica(id).admin, "east").await;
+        let n = link.and_then(|l| l["counters"]["upstreamWatchers"].as_u64());
+        upstream_watchers.push((id.clone(), n.unwrap_or(u64::MAX)));
+    }
 
     let services: Api<Service> = Api::all(fleet.consumer(&on, "east").await?);
     let listed = services.list(&ListParams::default()).await?;
@@ -313,6 +322,7 @@ pub async fn failover(dir: &Path) -> anyhow::Result<Failover> {
         change_reached_s: change_reached.as_secs_f64(),
         events,
         resumed_on_another,
+        upstream_watchers,
     })
 }
 

@@ -254,6 +254,12 @@ impl Collector for LinkCollector {
         )?;
         gauge(
             &mut enc,
+            "upstream_watchers",
+            "Resource watchers running against the link's remote (0 on a replica that follows the Lease holder).",
+            per_link(|s| s.state.upstream.watchers),
+        )?;
+        gauge(
+            &mut enc,
             "upstream_objects",
             "Upstream objects the link holds.",
             per_link(|s| s.state.engine.objects_held as u64),

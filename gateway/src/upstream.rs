@@ -93,6 +93,9 @@ pub struct UpstreamCounters {
     pub health: Health,
     /// Pod events not decoded because no one wants the pod ([`wanted`]).
     pub pods_skipped: AtomicU64,
+    /// Resource watchers running against the remote now (one per resource while this process
+    /// reads the remote; none while it follows a Lease holder, is quarantined or stopped).
+    pub watchers: AtomicU64,
 }
 
 impl UpstreamCounters {

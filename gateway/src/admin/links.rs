@@ -82,6 +82,7 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "upstreamForcedRelists": s.upstream.forced_relists,
             "upstreamOversized": s.upstream.oversized,
             "upstreamPodsSkipped": s.upstream.pods_skipped,
+            "upstreamWatchers": s.upstream.watchers,
             "quarantineTransitions": s.quarantine.transitions,
             "watchers": api.map_or(0, Api::open_watches),
             "discardedWrites": facade.events_discarded,

@@ -83,6 +83,10 @@ pub struct UpstreamStatus {
     /// Pod events not decoded because no published endpoint names the pod.
     #[serde(rename = "upstreamPodsSkipped")]
     pub pods_skipped: u64,
+    /// Resource watchers running against the remote now: one per resource on the replica
+    /// that reads it, 0 on one that follows a Lease holder.
+    #[serde(rename = "upstreamWatchers")]
+    pub watchers: u64,
     /// Objects applied or deleted, per resource kind (initial lists included).
     #[serde(rename = "upstreamEventsByKind")]
     pub events_by_kind: BTreeMap<&'static str, u64>,
@@ -212,6 +216,7 @@ fn upstream_status(counters: &UpstreamCounters) -> UpstreamStatus {
         forced_relists: counters.forced_relists.load(Ordering::Relaxed),
         oversized: counters.oversized.load(Ordering::Relaxed),
         pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
+        watchers: counters.watchers.load(Ordering::Relaxed),
         events_by_kind: (kinds.iter())
             .map(|k| (k.name(), counters.events_of(*k)))
             .collect(),

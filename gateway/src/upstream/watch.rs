@@ -66,6 +66,23 @@ fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     ResetTimerBackoff::new(exp.into(), reset)
 }
 
+/// Counts one watcher in [`UpstreamCounters::watchers`] from its spawn to its end (or its
+/// abort: the task's future is dropped with it).
+struct Running(Arc<UpstreamCounters>);
+
+impl Running {
+    fn start(counters: Arc<UpstreamCounters>) -> Self {
+        counters.watchers.fetch_add(1, Ordering::Relaxed);
+        Self(counters)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.watchers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// What every watcher of one upstream run shares.
 pub(super) struct Watch<'a> {
     /// The client of the remote.
@@ -206,7 +223,12 @@ impl Watch<'_> {
             listed_once: false,
             relist_in: FORCED_RELIST_BACKOFF.0,
         };
+        let running = Running::start(self.counters.clone());
         let run = watcher.run(gate, self.generation, self.tx.clone());
+        let run = async move {
+            let _running = running;
+            run.await;
+        };
         // In the link's span (the caller's), so every line a watcher logs names its link.
         let span = tracing::Span::current();
         tasks.spawn(tracing::Instrument::instrument(

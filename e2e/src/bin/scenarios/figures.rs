@@ -294,8 +294,9 @@ pub fn replica_figures(f: &Failover, s: &Spread, out: &mut Vec<Figure>) {
             f.watches_one_replica, s.watches_one_replica
         ),
         floodgate: format!(
-            "at most, with 3 replicas through a SIGKILL: {}; with 3, then 4, then one SIGKILLed: {}",
-            f.watches_most, s.watches_most
+            "at most, with 3 replicas through a SIGKILL: {}; with 3, then 4, then one SIGKILLed: \
+             {} (the admin APIs' upstreamWatchers, holder first: {:?})",
+            f.watches_most, s.watches_most, f.upstream_watchers
         ),
         ratio: format!(
             "{:.1}x; {:.1}x",
