@@ -498,6 +498,17 @@ async fn a_replica_without_the_lease_follows_the_holder_not_the_remote() {
     )
     .await;
     assert_eq!(sim.api.open_watches(), alone);
+    // b's admin API says what it followed (its state is refreshed on a tick) and that it runs
+    // no watcher of the remote.
+    let mut counters = serde_json::Value::Null;
+    until(10, "b counts api's addition as followed", async || {
+        let link = floodgate_e2e::admin::link(b.admin, "east").await;
+        counters = link.map(|l| l["counters"].clone()).unwrap_or_default();
+        counters["followedChanges"].as_u64() >= Some(1)
+    })
+    .await;
+    assert_eq!(counters["upstreamWatchers"], 0, "{counters}");
+    assert_eq!(counters["followedSnapshots"], 1, "{counters}");
 
     // The holder drains: b takes the Lease and reads the remote itself.
     a.stop().await;

@@ -366,6 +366,18 @@ impl Collector for LinkCollector {
         )?;
         counter(
             &mut enc,
+            "follower_snapshots",
+            "On a replica that follows the Lease holder: snapshots of the holder's view taken.",
+            per_link(|s| s.state.upstream.followed_snapshots),
+        )?;
+        counter(
+            &mut enc,
+            "follower_changes",
+            "On a replica that follows the Lease holder: the holder's changes taken one by one.",
+            per_link(|s| s.state.upstream.followed_changes),
+        )?;
+        counter(
+            &mut enc,
             "upstream_forced_relists",
             "Upstream relists Floodgate forced: a resume refused with 410 or 504, or a watch frame lost.",
             per_link(|s| s.state.upstream.forced_relists),

@@ -96,6 +96,12 @@ pub struct UpstreamCounters {
     /// Resource watchers running against the remote now (one per resource while this process
     /// reads the remote; none while it follows a Lease holder, is quarantined or stopped).
     pub watchers: AtomicU64,
+    /// On a replica that follows the Lease holder: snapshots of the holder's view taken (the
+    /// first, and one after each change that did not follow), and changes followed one by
+    /// one since.
+    pub followed_snapshots: AtomicU64,
+    /// See [`UpstreamCounters::followed_snapshots`].
+    pub followed_changes: AtomicU64,
 }
 
 impl UpstreamCounters {

@@ -83,6 +83,8 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "upstreamOversized": s.upstream.oversized,
             "upstreamPodsSkipped": s.upstream.pods_skipped,
             "upstreamWatchers": s.upstream.watchers,
+            "followedSnapshots": s.upstream.followed_snapshots,
+            "followedChanges": s.upstream.followed_changes,
             "quarantineTransitions": s.quarantine.transitions,
             "watchers": api.map_or(0, Api::open_watches),
             "discardedWrites": facade.events_discarded,

@@ -10,6 +10,7 @@
 //! serving its view.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -60,9 +61,7 @@ pub(super) async fn follow(
                 counters
                     .health
                     .failed(format_args!("following the Lease holder: {e:#}"));
-                counters
-                    .errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                counters.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
         tokio::time::sleep(backoffs.next().unwrap_or(Duration::from_secs(3))).await;
@@ -116,6 +115,7 @@ async fn follow_once(
                 let objects = snapshot.take().context("SYNCED without SYNC")?;
                 let n = objects.len();
                 let changes = view.resync(rv, objects, Instant::now());
+                counters.followed_snapshots.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     objects = n,
                     changes,
@@ -127,9 +127,11 @@ async fn follow_once(
             Frame::Other => {}
             Frame::Change(m) => match &mut snapshot {
                 Some(objects) => objects.push((m.object, m.resource_version)),
-                None => view
-                    .mirror(vec![m], Instant::now())
-                    .map_err(|e| Broken::Refused(e.into()))?,
+                None => {
+                    view.mirror(vec![m], Instant::now())
+                        .map_err(|e| Broken::Refused(e.into()))?;
+                    counters.followed_changes.fetch_add(1, Ordering::Relaxed);
+                }
             },
         }
     }

@@ -87,6 +87,12 @@ pub struct UpstreamStatus {
     /// that reads it, 0 on one that follows a Lease holder.
     #[serde(rename = "upstreamWatchers")]
     pub watchers: u64,
+    /// On a replica that follows the Lease holder: snapshots of the holder's view it took.
+    #[serde(rename = "followedSnapshots")]
+    pub followed_snapshots: u64,
+    /// On a replica that follows the Lease holder: the holder's changes it took one by one.
+    #[serde(rename = "followedChanges")]
+    pub followed_changes: u64,
     /// Objects applied or deleted, per resource kind (initial lists included).
     #[serde(rename = "upstreamEventsByKind")]
     pub events_by_kind: BTreeMap<&'static str, u64>,
@@ -217,6 +223,8 @@ fn upstream_status(counters: &UpstreamCounters) -> UpstreamStatus {
         oversized: counters.oversized.load(Ordering::Relaxed),
         pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
         watchers: counters.watchers.load(Ordering::Relaxed),
+        followed_snapshots: counters.followed_snapshots.load(Ordering::Relaxed),
+        followed_changes: counters.followed_changes.load(Ordering::Relaxed),
         events_by_kind: (kinds.iter())
             .map(|k| (k.name(), counters.events_of(*k)))
             .collect(),
