@@ -71,7 +71,7 @@ pub enum Command {
     Quarantine(String, oneshot::Sender<Result<Transition, RequestError>>),
     /// Reach the remote this new way (rotated credentials): the upstream reconnects and
     /// relists while the view, its versions and its watches carry on.
-    Reconnect(Reconnect),
+    Reconnect(Reconnect, Option<u32>),
     /// Follow the Lease holder's view, version for version, through its facade (this way):
     /// the upstream stops and the engine publishes nothing until a [`Command::Reconnect`]
     /// takes the link over from the view followed.
@@ -173,9 +173,16 @@ impl LinkHandle {
     /// Swaps how the link reaches its remote (new credentials): the upstream watchers stop,
     /// the link connects again and relists, and only real differences reach the view, whose
     /// consumers keep their watches and versions.
-    pub async fn reconnect(&self, connect: Connect) -> Result<(), LinkError> {
+    /// A link that followed the holder takes it over from its view, in a term whose base
+    /// steps by `transitions` (the Lease's, so two replicas that take it in turn differ; a
+    /// random step without).
+    pub async fn reconnect(
+        &self,
+        connect: Connect,
+        transitions: Option<u32>,
+    ) -> Result<(), LinkError> {
         self.commands
-            .send(Command::Reconnect(Reconnect(connect)))
+            .send(Command::Reconnect(Reconnect(connect), transitions))
             .await
             .map_err(|_| LinkError::Stopped)
     }

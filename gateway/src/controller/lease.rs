@@ -208,6 +208,24 @@ mod balance;
 pub use balance::share;
 use balance::{live_replicas, loads, over_balance, worth_taking};
 
+/// The `leaseTransitions` of link `link`'s Lease since this replica (`me`) took it, as
+/// `leases` shows it: the Lease's own count once the cache has this replica's take, one above
+/// the previous holder's while it still shows theirs (the take added one). Two replicas that
+/// take a Lease one after the other count different transitions, so the terms they begin in
+/// the link's view ([`crate::view::View::begin_own_term`]) take different bases.
+pub fn transitions_since_taken(
+    leases: &Store<Lease>,
+    namespace: &str,
+    link: &str,
+    me: &str,
+) -> Option<u32> {
+    let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(namespace))?;
+    let spec = lease.spec.as_ref()?;
+    let counted = u32::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0);
+    let taken = spec.holder_identity.as_deref() == Some(me);
+    Some(if taken { counted } else { counted + 1 })
+}
+
 /// The holder of link `link`'s Lease as `leases` (the lease loop's cache) last saw it: the
 /// replica that decides for the link, or `None` while nobody does.
 pub fn holder(leases: &Store<Lease>, namespace: &str, link: &str) -> Option<String> {
@@ -444,6 +462,36 @@ mod tests {
             )),
             ..LeaseSpec::default()
         }
+    }
+
+    /// The transitions a take made, whether the cache has the take yet or still the last
+    /// holder's Lease: two replicas taking in turn count different ones.
+    #[test]
+    fn a_take_counts_its_own_transition_before_the_cache_shows_it() {
+        let now = jiff::Timestamp::now();
+        let (reader, mut writer) = kube::runtime::reflector::store::<Lease>();
+        let mut put = |holder: &str, transitions: i32| {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(lease_name("east")),
+                    namespace: Some("ns".into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    lease_transitions: Some(transitions),
+                    ..spec(holder, 0, now)
+                }),
+            };
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
+        };
+        put("h1", 4);
+        // f took it from h1 (the take made 5); its cache still shows h1's Lease.
+        assert_eq!(transitions_since_taken(&reader, "ns", "east", "f"), Some(5));
+        put("f", 5);
+        assert_eq!(transitions_since_taken(&reader, "ns", "east", "f"), Some(5));
+        // g took it from f (the take made 6).
+        assert_eq!(transitions_since_taken(&reader, "ns", "east", "g"), Some(6));
+        assert_eq!(transitions_since_taken(&reader, "ns", "west", "g"), None);
     }
 
     #[test]

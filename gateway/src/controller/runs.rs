@@ -53,8 +53,9 @@ impl std::fmt::Display for Upstream {
 /// Where a running link is told to read from next.
 #[derive(Clone)]
 pub(super) enum Switch {
-    /// Read the remote with these credentials.
-    Read(crate::link::Connect),
+    /// Read the remote with these credentials; after following the holder, take the link
+    /// over under a term made from the Lease's transitions.
+    Read(crate::link::Connect, Option<u32>),
     /// Follow the holder's view through its facade, reached this way.
     Follow(crate::link::Connect),
     /// Read nothing (the string says why); the view keeps serving.
@@ -216,7 +217,7 @@ impl Runs {
         if *r.upstream.borrow() == Upstream::Remote {
             tracing::info!(link = %r.desired.name, "new credentials: reconnecting the upstream");
             let connect = connect(&self.shared, &r.desired, &Upstream::Remote);
-            r.switch.send_replace(Some(Switch::Read(connect)));
+            r.switch.send_replace(Some(Switch::Read(connect, None)));
         }
     }
 
@@ -262,7 +263,12 @@ impl Runs {
             holder @ Upstream::Holder { .. } => {
                 Switch::Follow(connect(&self.shared, &r.desired, holder))
             }
-            Upstream::Remote => Switch::Read(connect(&self.shared, &r.desired, &want)),
+            Upstream::Remote => {
+                let (holders, ns) = (&self.shared.holders, &self.shared.namespace);
+                let me = &self.shared.identity;
+                let transitions = super::lease::transitions_since_taken(holders, ns, name, me);
+                Switch::Read(connect(&self.shared, &r.desired, &want), transitions)
+            }
         };
         r.upstream.send_replace(want);
         r.switch.send_replace(Some(switch));
@@ -414,7 +420,7 @@ async fn forward_switches(handle: Arc<LinkHandle>, mut switches: watch::Receiver
             continue;
         };
         let sent = match switch {
-            Switch::Read(connect) => handle.reconnect(connect).await,
+            Switch::Read(connect, transitions) => handle.reconnect(connect, transitions).await,
             Switch::Follow(connect) => handle.follow(connect).await,
             Switch::Stop(why) => handle.disconnect(why).await,
         };

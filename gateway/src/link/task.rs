@@ -244,9 +244,9 @@ impl<W: Wire> LinkTask<W> {
                 self.connect(connect);
                 return false;
             }
-            Command::Reconnect(super::Reconnect(connect)) => {
+            Command::Reconnect(super::Reconnect(connect), transitions) => {
                 if self.follows_holder {
-                    self.take_over();
+                    self.take_over(transitions.unwrap_or_else(crate::credentials::incarnation));
                 } else {
                     tracing::info!("new credentials: reconnecting; the view keeps serving");
                 }
@@ -274,15 +274,16 @@ impl<W: Wire> LinkTask<W> {
     }
 
     /// Reads the remote again after following the holder: the engine takes the view over as
-    /// it followed it, and publishes only what changed on the remote meanwhile.
-    fn take_over(&mut self) {
+    /// it followed it, and publishes only what changed on the remote meanwhile. The view's new
+    /// term steps its base by `step`.
+    fn take_over(&mut self, step: u32) {
         tracing::info!(
             resource_version = self.engine.view().resource_version(),
             "taking the link over from the view followed: reading the remote"
         );
         self.follows_holder = false;
         self.mirror.abort_all();
-        (self.engine.view()).begin_own_term(crate::credentials::incarnation());
+        (self.engine.view()).begin_own_term(step);
         self.engine.adopt_view();
     }
 

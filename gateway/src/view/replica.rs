@@ -219,21 +219,22 @@ impl View {
     }
 
     /// Starts a term of this view's own after following a holder's, its base above the
-    /// holder's by a step chosen with `random`: the versions it followed keep resuming, up to
-    /// the last it followed, and the holder's later ones (which it never followed) are
-    /// `Expired`.
-    pub fn begin_own_term(&self, random: u32) {
+    /// holder's by a step chosen with `step` (the Lease's transitions, which differ between
+    /// two replicas that take the link in turn; or random): the versions it followed keep
+    /// resuming, up to the last it followed, and the holder's later ones (which it never
+    /// followed) are `Expired`.
+    pub fn begin_own_term(&self, step: u32) {
         let _writing = self
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut s = self.write();
-        let base = match super::terms::next_base(s.base, random) {
+        let base = match super::terms::next_base(s.base, step) {
             Some(base) => base,
             None => {
                 // No base left above: the watches end first, so none sees versions go down.
                 s.end_watches();
-                super::terms::base_of(random)
+                super::terms::base_of(step)
             }
         };
         s.begin_term(base, 0);

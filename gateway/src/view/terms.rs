@@ -6,9 +6,12 @@
 //! resume.
 //!
 //! A view's first base is random (an incarnation). A term that follows another takes a base
-//! above it, by a random step ([`next_base`]): versions a watcher sees keep growing across a
+//! above it, by a step ([`next_base`]) from the link Lease's `leaseTransitions` (in cluster
+//! mode; random elsewhere): versions a watcher sees keep growing across a
 //! take-over (the facade's watchers skip a version at or below the last they sent), and two
-//! replicas that take over from the same followed term seldom pick the same base. Where the
+//! replicas that take over in turn from the same followed term (the second never saw the
+//! first's) pick different bases, so a version of the first's is `Expired` at the second,
+//! never a wrong resume (with random steps, one time in 1,024 it would be). Where the
 //! order is not kept (the bases ran out; a follower's own first view before its holder's), the
 //! view ends its watches first ([`super::View::disconnect`]): they resume, or relist.
 //! A version's place is its term's place in this view and its counter ([`State::position`]).
@@ -25,10 +28,10 @@ const BASE_STEP: u64 = 1 << 10;
 /// The largest base.
 const MAX_BASE: u64 = 0x7f_ffff;
 
-/// The base of a term that follows `current`, chosen with `random`: above `current`, or `None`
+/// The base of a term that follows `current`, stepped by `step`: above `current`, or `None`
 /// when no base is left above it.
-pub(super) fn next_base(current: u64, random: u32) -> Option<u64> {
-    let next = (current >> COUNTER_BITS) + 1 + u64::from(random) % BASE_STEP;
+pub(super) fn next_base(current: u64, step: u32) -> Option<u64> {
+    let next = (current >> COUNTER_BITS) + 1 + u64::from(step) % BASE_STEP;
     (next <= MAX_BASE).then_some(next << COUNTER_BITS)
 }
 

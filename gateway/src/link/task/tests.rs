@@ -350,7 +350,7 @@ async fn new_credentials_replace_the_connection_not_the_view() {
     link.serves(&["web"]).await;
 
     let connect = no_credentials();
-    let reconnect = Command::Reconnect(super::super::Reconnect(connect));
+    let reconnect = Command::Reconnect(super::super::Reconnect(connect), None);
     link.commands.send(reconnect).await.expect("sent");
     let second = link.run(2).await;
     assert!(
@@ -422,7 +422,7 @@ async fn a_disconnected_link_reads_nothing_until_told_where_to_read_again() {
     assert!(!first.is_live(), "its watchers are stopped");
     // What the stopped run still sends is not taken; the view stays as it was.
     first.send(Change::Delete(service("web").key())).await;
-    let reconnect = Command::Reconnect(super::super::Reconnect(no_credentials()));
+    let reconnect = Command::Reconnect(super::super::Reconnect(no_credentials()), None);
     link.commands.send(reconnect).await.expect("sent");
     let second = link.run(2).await;
     assert!(second.generation > first.generation);
@@ -503,6 +503,7 @@ async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_ch
     (follower.commands)
         .send(Command::Reconnect(
             super::super::Reconnect(no_credentials()),
+            Some(7),
         ))
         .await
         .expect("the task takes commands");
@@ -525,6 +526,12 @@ async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_ch
         version_of(&follower.view, "a"),
         version_of(&holder.view, "a"),
         "a unchanged"
+    );
+    // Its own term's base steps above the holder's by the Lease's transitions (7 here).
+    let base = |rv: u64| rv >> 40;
+    assert_eq!(
+        base(follower.view.resource_version()),
+        base(holder.view.resource_version()) + 1 + 7
     );
     // The holder's versions it followed still resume, in a term of the follower's own...
     let (after, _) = (follower.view)
