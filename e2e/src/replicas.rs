@@ -22,10 +22,10 @@ use crate::modes::Mode;
 use crate::process::{Floodgate, Launch};
 use crate::{RunningSim, until};
 
-/// The replicas' Lease duration (`--lease-duration`).
+/// The replicas' Lease duration (`--lease-duration`), unless [`Fleet::lease`] says otherwise.
 pub const LEASE: Duration = Duration::from_secs(2);
 /// Their renewal (`--lease-renew`).
-const RENEW: &str = "200ms";
+const RENEW: Duration = Duration::from_millis(200);
 
 /// A local cluster, a remote, Links to it, and replicas started and SIGKILLed at will.
 #[derive(Debug)]
@@ -41,6 +41,7 @@ pub struct Fleet {
     links: Vec<String>,
     kubeconfig: PathBuf,
     dir: PathBuf,
+    lease: (Duration, Duration),
 }
 
 impl Fleet {
@@ -63,19 +64,26 @@ impl Fleet {
             links: links.iter().map(|l| (*l).to_owned()).collect(),
             kubeconfig,
             dir: dir.to_owned(),
+            lease: (LEASE, RENEW),
         })
     }
 
+    /// The Lease duration and renewal of the replicas started from now on.
+    pub fn lease(&mut self, duration: Duration, renew: Duration) {
+        self.lease = (duration, renew);
+    }
+
     /// Starts replica `identity` as the manifests run one (`--peers`, `--advertise-address`),
-    /// beside the first replica running, with 2 s Leases renewed every 200 ms; ready.
+    /// beside the first replica running, with 2 s Leases renewed every 200 ms unless
+    /// [`Self::lease`] set others; ready.
     pub async fn add_replica(&mut self, identity: &str) -> anyhow::Result<()> {
         let launch = Launch::new(Mode::Controller, &self.dir.join(identity))
             .cluster(&self.kubeconfig)
             .identity(identity)
             .admin_token(ADMIN_TOKEN)
             .args([
-                format!("--lease-duration={}s", LEASE.as_secs()),
-                format!("--lease-renew={RENEW}"),
+                format!("--lease-duration={}s", self.lease.0.as_secs()),
+                format!("--lease-renew={}ms", self.lease.1.as_millis()),
             ]);
         let launch = match self.replicas.first() {
             Some((_, peer)) => launch.beside(peer),

@@ -452,12 +452,17 @@ impl Floodgate {
 
     /// Sends SIGTERM.
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends signal `name` (`TERM`, `STOP`, `CONT`, ...).
+    pub fn signal(&self, name: &str) {
         let pid = self.pid().expect("still running");
         let ok = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args([&format!("-{name}"), &pid.to_string()])
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok, "SIGTERM sent to {pid}");
+        assert!(ok, "SIG{name} sent to {pid}");
     }
 
     /// Kills (SIGKILL) and reaps the process.
