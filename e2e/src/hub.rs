@@ -1,7 +1,8 @@
 //! A hub of many links in one `floodgate run`, over real sockets, as `make bench` measures it
 //! (the many-links issue): `links` links, each following the same kube-sim (in this process)
-//! that holds one exported service of `slices` EndpointSlices of 10 endpoints and no pods (the
-//! cap serves a tenth of a thousand). Floodgate is its own process.
+//! that holds `services` exported services of `slices` EndpointSlices of 10 endpoints each and
+//! no pods (one service of a thousand slices: the cap serves a tenth; a thousand services of
+//! ten: all served). Floodgate is its own process.
 //!
 //! What it reads:
 //! - how long until `/readyz` answers 200 (every link serving);
@@ -31,7 +32,10 @@ use crate::sim::SimStore;
 pub struct HubPlan {
     /// Links in the one process.
     pub links: usize,
-    /// EndpointSlices of 10 endpoints behind the one exported service each link follows.
+    /// Exported services on the remote every link follows (1 for a hub; 1,000 small ones for
+    /// the many-small-services shape).
+    pub services: usize,
+    /// EndpointSlices of 10 endpoints behind each exported service.
     pub slices: usize,
     /// `--link-starts-per-second` (0: unpaced).
     pub starts_per_second: u32,
@@ -74,7 +78,14 @@ pub struct HubOutcome {
 pub async fn run(dir: &Path, plan: &HubPlan) -> anyhow::Result<HubOutcome> {
     let store = Arc::new(SimStore::new(std::process::id(), 10_000));
     let mut cluster = Cluster::new(store.clone(), "prod");
-    cluster.static_slices("bench", plan.slices, 10);
+    for s in 0..plan.services {
+        let name = if plan.services == 1 {
+            "bench".to_owned()
+        } else {
+            format!("svc-{s:04}")
+        };
+        cluster.static_slices(&name, plan.slices, 10);
+    }
     let sim = RunningSim::start(store, "remote-token").await?;
     let kubeconfig = sim.kubeconfig();
     let spec = LinkSpec::with_remote(RemoteSpec::default());

@@ -9,6 +9,7 @@ async fn twelve_links_at_four_starts_a_second_list_their_remote_in_turn() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plan = HubPlan {
         links: 12,
+        services: 1,
         slices: 100,
         starts_per_second: 4,
         idle_secs: 0,

@@ -3,7 +3,7 @@
 
 use floodgate_e2e::cold::{ColdOutcome, ColdPlan};
 use floodgate_e2e::flood::{Outcome, percentile};
-use floodgate_e2e::hub::HubOutcome;
+use floodgate_e2e::hub::{HubOutcome, HubPlan};
 use floodgate_e2e::replicas::{Failover, Spread};
 use floodgate_e2e::report::{Figure, S1, mib};
 use floodgate_e2e::resolve::Resolved;
@@ -344,5 +344,28 @@ pub fn replica_figures(f: &Failover, s: &Spread, out: &mut Vec<Figure>) {
         ratio: String::new(),
         target: format!("join <= {:.0} s; move <= {:.0} s", 2.0 * lease, 2.0 * lease),
         met: Some(s.joined_s <= 2.0 * lease && s.moved_s <= 2.0 * lease),
+    });
+}
+
+/// The many-small-services row: a fresh Floodgate's resident memory beside the JSON it serves.
+pub fn small_services_figures(plan: &HubPlan, o: &HubOutcome, out: &mut Vec<Figure>) {
+    let ratio = o.steady_kib as f64 * 1024.0 / o.view_bytes.max(1) as f64;
+    out.push(Figure {
+        what: format!(
+            "Many small services: {} exported services of {} EndpointSlices of 10 endpoints, no \
+             pods ({} objects held upstream)",
+            plan.services, plan.slices, o.upstream_objects
+        ),
+        direct: String::new(),
+        floodgate: format!(
+            "RSS {} beside {} of JSON served (peak {}); ready in {:.1} s",
+            mib(o.steady_kib),
+            mib(o.view_bytes / 1024),
+            mib(o.peak_kib),
+            o.ready_s
+        ),
+        ratio: format!("{ratio:.1}x the JSON"),
+        target: "<= 2x".into(),
+        met: Some(ratio <= 2.0),
     });
 }

@@ -40,7 +40,7 @@ use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 
 use crate::figures::{
     calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, hub_figures,
-    replica_figures, s1_figures,
+    replica_figures, s1_figures, small_services_figures,
 };
 use crate::report::{engine_figures, facade_figures, markdown};
 use floodgate_e2e::herd;
@@ -89,9 +89,12 @@ struct Args {
     /// Many links: EndpointSlices of 10 endpoints behind each link's one service.
     #[arg(long, default_value_t = 1_000)]
     hub_slices: usize,
+    /// Many small services: exported services of 10 EndpointSlices of 10 endpoints, no pods.
+    #[arg(long, default_value_t = 1_000)]
+    small_services: usize,
     /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
-    /// cold-large, cold-wide, many-links, replicas, s2); the report then holds their figures
-    /// only.
+    /// cold-large, cold-wide, many-links, small-services, replicas, s2); the report then
+    /// holds their figures only.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -285,6 +288,7 @@ async fn main() -> anyhow::Result<()> {
         for pace in [0, floodgate::link::DEFAULT_LINK_STARTS_PER_SECOND] {
             let plan = HubPlan {
                 links: args.hub_links,
+                services: 1,
                 slices: args.hub_slices,
                 starts_per_second: pace,
                 idle_secs: 10,
@@ -297,6 +301,22 @@ async fn main() -> anyhow::Result<()> {
         }
         hub_figures(&runs[0], &runs[1], &mut figures);
         report["many_links"] = serde_json::to_value(&runs)?;
+    }
+    if args.runs("small-services") {
+        let plan = HubPlan {
+            links: 1,
+            services: args.small_services,
+            slices: 10,
+            starts_per_second: floodgate::link::DEFAULT_LINK_STARTS_PER_SECOND,
+            idle_secs: 10,
+        };
+        println!(
+            "many small services: {} exported services of 10 EndpointSlices of 10 endpoints, no pods",
+            plan.services
+        );
+        let o = hub::run(&dir("small-services")?, &plan).await?;
+        small_services_figures(&plan, &o, &mut figures);
+        report["small_services"] = serde_json::to_value(&o)?;
     }
     if args.runs("replicas") {
         println!("replicas: a failover by SIGKILL, then four links over replicas that come and go");
