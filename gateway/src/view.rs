@@ -421,7 +421,10 @@ impl View {
 
     /// [`View::check_issued`], waiting up to `wait` for a version not issued yet, as the API
     /// server waits for its cache before it answers `ResourceVersionTooLarge`: a consumer
-    /// that moves from one replica to another a moment ahead of the second resumes there.
+    /// that moves from one replica to another a moment ahead of the second resumes there. A
+    /// version of a term above this view's, in a view that follows terms, is waited for too
+    /// (a new holder's, which this replica is about to follow); after the wait the answer is
+    /// what [`View::check_issued`] says then.
     pub async fn wait_issued(
         &self,
         resource_version: u64,
@@ -435,10 +438,11 @@ impl View {
             advanced.as_mut().enable();
             match self.check_issued(resource_version) {
                 Err(ResumeError::TooLarge) => {}
+                Err(ResumeError::Expired) if self.read().may_begin(resource_version) => {}
                 checked => return checked,
             }
             if tokio::time::timeout_at(deadline, advanced).await.is_err() {
-                return Err(ResumeError::TooLarge);
+                return self.check_issued(resource_version);
             }
         }
     }

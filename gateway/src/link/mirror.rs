@@ -3,8 +3,9 @@
 //! see the same objects at the same versions, so one whose connection moves to another replica
 //! resumes its watch there. The follower never reads the remote and decides nothing.
 //!
-//! A stream that breaks is asked again from the version the view is at: the holder resumes it
-//! from its history, or sends a snapshot the view takes whole ([`View::resync`]). A holder
+//! Every stream is asked from the version the view is at (a stream that broke, a new holder
+//! after a failover, the holder this replica handed the link to): the holder resumes it from
+//! its history, or sends a snapshot the view takes whole ([`View::resync`]). A holder
 //! that sends nothing for [`SILENCE`] (it heartbeats every
 //! [`crate::kubeapi::replica::HEARTBEAT`]) counts as gone: the link says `Degraded` and keeps
 //! serving its view.
@@ -40,9 +41,11 @@ pub(super) async fn follow(
     synced: watch::Sender<bool>,
 ) {
     let mut backoffs = CONNECT_BACKOFF.build();
-    // Resume from where the view is once it holds a snapshot; after a refused change, ask for
-    // a new snapshot.
-    let mut resume = false;
+    // Resume from where the view is, whatever it holds: the holder resumes a version it
+    // issued or followed (this view followed the last holder, or held the link itself before
+    // it handed it over), and sends a snapshot for any other. A snapshot clears the history
+    // consumers resume from. After a refused change, ask for a new snapshot.
+    let mut resume = true;
     loop {
         let from = resume.then(|| view.resource_version());
         let outcome = follow_once(&client, &view, from, &counters, &synced).await;

@@ -435,4 +435,49 @@ mod tests {
             Start::Snapshot { .. }
         ));
     }
+
+    /// A consumer that moves from the replica that took over to one that still follows the
+    /// old holder carries a version of the new term: the second waits for it (as it begins to
+    /// follow the new holder) rather than answering 410 at once. A view of one term answers a
+    /// higher base it never issued with `Expired` at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_version_of_a_term_not_followed_yet_is_waited_for() {
+        let now = Instant::now();
+        let old = View::new(9, 100);
+        old.apply([Change::Upsert(service("a", "1"))], now);
+        let (f, g) = (View::new(8, 100), View::new(7, 100));
+        for v in [&f, &g] {
+            let (at, items) = snapshot_of(&old);
+            v.resync(at, items, now);
+        }
+        let from = g.resource_version();
+        f.begin_own_term(5);
+        let own = f.apply([Change::Upsert(service("b", "1"))], now);
+        let moved = own[0].resource_version;
+        assert_eq!(g.check_issued(moved), Err(ResumeError::Expired));
+
+        let waiting = {
+            let g = g.clone();
+            tokio::spawn(async move {
+                g.wait_issued(moved, std::time::Duration::from_secs(3))
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "g waits for the new term");
+        let (Start::Resumed(rest), _) = f.replicate(Some(from)) else {
+            panic!("g resumes from f");
+        };
+        g.mirror(mirrored(&rest), now).expect("the new term");
+        assert_eq!(waiting.await.expect("joined"), Ok(()));
+
+        let alone = View::new(3, 100);
+        alone.apply([Change::Upsert(service("a", "1"))], now);
+        let started = tokio::time::Instant::now();
+        let foreign = alone
+            .wait_issued(moved, std::time::Duration::from_secs(3))
+            .await;
+        assert_eq!(foreign, Err(ResumeError::Expired));
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO, "no wait");
+    }
 }

@@ -79,6 +79,15 @@ impl State {
         }
     }
 
+    /// Whether `resource_version` is of a term this view may yet begin: one above its own, in a
+    /// view that follows terms (it holds an earlier one). A new holder's versions reach a
+    /// consumer that moves to a replica still following the old holder a moment before that
+    /// replica follows the new holder; the consumer waits for them as for a version not issued
+    /// yet. A view of one term (standalone) has no term to wait for.
+    pub(super) fn may_begin(&self, resource_version: u64) -> bool {
+        !self.earlier.is_empty() && resource_version & !COUNTER_MASK > self.base
+    }
+
     /// Starts a term under `base` at `counter` (the version a followed holder's snapshot had,
     /// or 0 for a term of this view's own); the current one becomes an earlier term, resumable
     /// up to where it is now. The same base goes on as it is.
