@@ -264,6 +264,9 @@ pub async fn serve(
         status_tx,
     };
     let mut status_tick = tokio::time::interval(timing.status_tick);
+    // A Lease taken or given back is acted on at once, not at the next tick: a take-over
+    // starts reading the remote as soon as the Lease is this replica's.
+    let mut held_changes = control.held.clone();
     let mut shutdown_rx = shutdown.clone();
     let mut leases_listed = false;
     let mut critical = Critical::new([
@@ -288,6 +291,7 @@ pub async fn serve(
             Some(seeded) = seeded.recv() => control.runs.seeded(seeded),
             Some(change) = phase_rx.recv() => control.record_phase(&ns, &change),
             _ = status_tick.tick() => control.tick(),
+            Ok(()) = held_changes.changed() => control.tick(),
         }
     }
     // The same ordered shutdown as `floodgate run`: readiness, then the facade's watchers
