@@ -436,10 +436,13 @@ impl View {
             tokio::pin!(advanced);
             // Registered before the check: a publication between the two still wakes it.
             advanced.as_mut().enable();
-            match self.check_issued(resource_version) {
-                Err(ResumeError::TooLarge) => {}
-                Err(ResumeError::Expired) if self.read().may_begin(resource_version) => {}
-                checked => return checked,
+            {
+                let s = self.read();
+                match s.issued(resource_version) {
+                    Err(ResumeError::TooLarge) => {}
+                    Err(ResumeError::Expired) if s.may_begin(resource_version) => {}
+                    checked => return checked.map(|_| ()),
+                }
             }
             if tokio::time::timeout_at(deadline, advanced).await.is_err() {
                 return self.check_issued(resource_version);

@@ -363,8 +363,6 @@ impl Publisher {
         self.request_pods(missing)
     }
 
-    /// Installs a group's published state taken from a saved view (a restart in quarantine or
-    /// with contained services): the objects are in the view already.
     /// Forgets what every group published (the view is taken over as it is: [`Self::install`]
     /// follows with what it holds).
     pub fn reset(&mut self) {
@@ -383,6 +381,9 @@ impl Publisher {
         }
     }
 
+    /// Installs a group's published state taken from a saved view (a restart in quarantine or
+    /// with contained services, or a view followed and taken over): the objects are in the
+    /// view already.
     pub fn install(&mut self, g: Group, published: Published) {
         let c = &mut self.counters;
         if matches!(g, Group::Service(_)) && !published.objects.is_empty() {

@@ -206,7 +206,7 @@ const REPLICA_PREFIX: &str = "floodgate-replica-";
 mod balance;
 
 pub use balance::share;
-use balance::{live_replicas, loads, over_balance, worth_taking};
+use balance::{loads, over_balance, worth_taking};
 
 /// The `leaseTransitions` of link `link`'s Lease since this replica (`me`) took it, as
 /// `leases` shows it: the Lease's own count once the cache has this replica's take, one above
@@ -336,8 +336,8 @@ pub async fn run(
             h.len() != before
         });
         let now = jiff::Timestamp::now();
-        let share = share(wanted.len(), live_replicas(&leases, &me.identity, now));
         let others = loads(&leases, &me.identity, now);
+        let share = share(wanted.len(), others.len() + 1);
         let fewest_elsewhere = others.values().min().copied();
         if let Some(link) = leaving.take() {
             let still_reading = reading.borrow().contains(&link);

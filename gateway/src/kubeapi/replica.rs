@@ -22,6 +22,7 @@ use axum::response::{IntoResponse as _, Response};
 use futures_util::stream;
 use tokio::sync::broadcast::error::RecvError;
 
+use super::query::{Query, parse_rv};
 use super::status::StatusError;
 use crate::view::replica::Start;
 use crate::view::{EventType, View, stored_frame};
@@ -43,16 +44,10 @@ fn control(kind: &str, rv: u64) -> Bytes {
 
 /// The stream for a follower asking from `query`'s `resourceVersion`.
 pub(super) fn serve(view: &View, query: &str) -> Result<Response, StatusError> {
-    let from = match query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("resourceVersion="))
-    {
+    let query = Query::parse(query)?;
+    let from = match query.resource_version.as_deref() {
         None | Some("") => None,
-        Some(v) => Some(v.parse::<u64>().map_err(|_| {
-            StatusError::bad_request(format!(
-                "resourceVersion {v:?} is not a version this server issues"
-            ))
-        })?),
+        Some(v) => Some(parse_rv(v)?),
     };
     let (start, rx) = view.replicate(from);
     tracing::debug!(

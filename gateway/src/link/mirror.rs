@@ -85,7 +85,9 @@ impl<E: Into<anyhow::Error>> From<E> for Broken {
     }
 }
 
-/// One stream, from `from` (a snapshot without), until it ends or breaks.
+/// One stream, from `from` (a snapshot without), until it ends or breaks. A stream that ends
+/// before its first line (a peer that is no Floodgate holder, say) is a failure, retried with
+/// backoff rather than at once.
 async fn follow_once(
     client: &kube::Client,
     view: &View,
@@ -105,12 +107,21 @@ async fn follow_once(
     tracing::debug!(%path, "the holder answers");
     let mut lines = Box::pin(body.lines());
     let mut snapshot: Option<Vec<(Object, u64)>> = None;
+    let mut heard = false;
     loop {
         let line = tokio::time::timeout(SILENCE, lines.next())
             .await
             .map_err(|_| anyhow::anyhow!("the holder sent nothing for {SILENCE:?}"))?;
-        let Some(line) = line else { return Ok(()) };
+        let Some(line) = line else {
+            return match heard {
+                true => Ok(()),
+                false => {
+                    Err(anyhow::anyhow!("the holder ended {path} before its first line").into())
+                }
+            };
+        };
         let line = line?;
+        heard = true;
         counters.health.answered();
         match Frame::parse(&line)? {
             Frame::Sync => snapshot = Some(Vec::new()),

@@ -2,16 +2,14 @@
 //! with a kube client; the task's tests give it a fake that needs no socket.
 
 use std::sync::Arc;
-
-use futures_util::future::BoxFuture;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use serde_json::Value;
-use tokio::sync::{mpsc, watch};
-
 use std::time::Duration;
 
 use backon::BackoffBuilder as _;
 use floodgate_link_crd::Phase;
+use futures_util::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::task::Outputs;

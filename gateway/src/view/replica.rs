@@ -80,15 +80,15 @@ impl State {
 
 impl View {
     /// What a follower starts from, and a receiver of every later publication, with no gap:
-    /// the changes after `from` when this view's current term issued it and still holds every
-    /// change after it, a snapshot of every kind otherwise.
+    /// the changes after `from` when this view issued or followed it (in any term it holds)
+    /// and still holds every change after it, a snapshot of every kind otherwise.
     pub fn replicate(&self, from: Option<u64>) -> (Start, broadcast::Receiver<Arc<[Event]>>) {
         let s = self.read();
         let rx = (s.all)
             .get_or_init(|| broadcast::channel(REPLICA_BACKLOG).0)
             .subscribe();
-        // A version of an earlier term resumes too (a follower of the holder this view took
-        // over from), when this view followed it and holds every change after it.
+        // A version of an earlier term resumes too: a follower of the holder this view took
+        // over from, or the replica that handed the link to this one.
         let resumable = from
             .and_then(|rv| s.issued(rv).ok())
             .filter(|&at| (s.shelves.iter()).all(|sh| at >= s.position(sh.evicted)));
@@ -360,12 +360,7 @@ mod tests {
 
         // The holder's next change goes in with its version; one that skips back is refused.
         let events = holder.apply([Change::Upsert(service("a", "2"))], now);
-        let next = Mirrored {
-            kind: EventType::Modified,
-            object: events[0].object.object.clone(),
-            resource_version: events[0].resource_version,
-        };
-        follower.mirror(vec![next], now).expect("the next change");
+        (follower.mirror(mirrored(&events), now)).expect("the next change");
         assert_eq!(follower.resource_version(), holder.resource_version());
         let stale = Mirrored {
             kind: EventType::Modified,
@@ -376,6 +371,18 @@ mod tests {
             follower.mirror(vec![stale], now),
             Err(MirrorError::OutOfOrder { .. })
         ));
+    }
+
+    /// A holder serving `a`, and two views that took its snapshot.
+    fn holder_and_two_followers(now: Instant) -> (View, View, View) {
+        let old = View::new(9, 100);
+        old.apply([Change::Upsert(service("a", "1"))], now);
+        let (f, g) = (View::new(8, 100), View::new(7, 100));
+        for v in [&f, &g] {
+            let (at, items) = snapshot_of(&old);
+            v.resync(at, items, now);
+        }
+        (old, f, g)
     }
 
     fn mirrored(events: &[Event]) -> Vec<Mirrored> {
@@ -395,13 +402,7 @@ mod tests {
     #[test]
     fn a_follower_resumes_from_the_holder_that_took_over_across_its_new_term() {
         let now = Instant::now();
-        let old = View::new(9, 100);
-        old.apply([Change::Upsert(service("a", "1"))], now);
-        let (f, g) = (View::new(8, 100), View::new(7, 100));
-        for v in [&f, &g] {
-            let (at, items) = snapshot_of(&old);
-            v.resync(at, items, now);
-        }
+        let (old, f, g) = holder_and_two_followers(now);
         let followed = old.apply([Change::Upsert(service("b", "1"))], now);
         for v in [&f, &g] {
             v.mirror(mirrored(&followed), now).expect("followed");
@@ -443,13 +444,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_version_of_a_term_not_followed_yet_is_waited_for() {
         let now = Instant::now();
-        let old = View::new(9, 100);
-        old.apply([Change::Upsert(service("a", "1"))], now);
-        let (f, g) = (View::new(8, 100), View::new(7, 100));
-        for v in [&f, &g] {
-            let (at, items) = snapshot_of(&old);
-            v.resync(at, items, now);
-        }
+        let (_holder, f, g) = holder_and_two_followers(now);
         let from = g.resource_version();
         f.begin_own_term(5);
         let own = f.apply([Change::Upsert(service("b", "1"))], now);

@@ -60,22 +60,21 @@ impl State {
         }
     }
 
-    /// The position of a version this view issued or followed, or why it cannot resume.
+    /// The position of a version this view issued or followed, or why it cannot resume: one
+    /// past the current term's counter is not issued yet, one past an earlier term's was
+    /// issued by a holder this view stopped following.
     pub(super) fn issued(&self, resource_version: u64) -> Result<Position, ResumeError> {
-        let (base, counter) = (
-            resource_version & !COUNTER_MASK,
-            resource_version & COUNTER_MASK,
-        );
-        if base == self.base {
-            return if counter > self.counter {
-                Err(ResumeError::TooLarge)
-            } else {
-                Ok((self.earlier.len() + 1, counter))
-            };
-        }
-        match self.earlier.iter().position(|(b, _)| *b == base) {
-            Some(i) if counter <= self.earlier[i].1 => Ok((i + 1, counter)),
-            _ => Err(ResumeError::Expired),
+        let (term, counter) = self.position(resource_version);
+        let current = self.earlier.len() + 1;
+        let last = match term {
+            0 => return Err(ResumeError::Expired),
+            t if t == current => self.counter,
+            t => self.earlier[t - 1].1,
+        };
+        match (counter <= last, term == current) {
+            (true, _) => Ok((term, counter)),
+            (false, true) => Err(ResumeError::TooLarge),
+            (false, false) => Err(ResumeError::Expired),
         }
     }
 

@@ -1,7 +1,7 @@
 //! How the links are shared between replicas, from the Leases alone: each replica's share,
 //! which free Lease it takes, and when it hands one over.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::Store;
@@ -14,26 +14,9 @@ pub fn share(links: usize, replicas: usize) -> usize {
     links.div_ceil(replicas.max(1))
 }
 
-/// The replicas running as `leases` last saw them (their presence Leases, held and live),
-/// `me` included.
-pub(super) fn live_replicas(leases: &Store<Lease>, me: &str, now: jiff::Timestamp) -> usize {
-    let mut ids: BTreeSet<String> = (leases.state().iter())
-        .filter(|l| {
-            l.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(REPLICA_PREFIX))
-        })
-        .filter(|l| decide(l.spec.as_ref(), "", now) == Decision::Leave)
-        .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
-        .collect();
-    ids.insert(me.to_owned());
-    ids.len()
-}
-
 /// How many link Leases each other live replica holds, as `leases` last saw them: every
 /// replica with a live presence Lease (0 for one holding no link) and every live holder of a
-/// link's Lease; `me` is left out.
+/// link's Lease; `me` is left out. The replicas sharing the links are these and `me`.
 pub(super) fn loads(
     leases: &Store<Lease>,
     me: &str,
