@@ -25,7 +25,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::query::{Query, parse_rv};
 use super::status::StatusError;
 use crate::view::replica::Start;
-use crate::view::{EventType, View, stored_frame};
+use crate::view::{Event, EventType, View, stored_frame};
 
 /// The stream's path, under a link's.
 pub const PATH: &str = "/floodgate/v1/view";
@@ -59,7 +59,7 @@ pub(super) fn serve(view: &View, query: &str) -> Result<Response, StatusError> {
     match start {
         Start::Resumed(events) => {
             first.push_back(control("RESUMED", from.unwrap_or_default()));
-            first.extend(events.into_iter().map(|e| e.frame));
+            first.extend(events.iter().map(Event::json_frame));
         }
         Start::Snapshot {
             resource_version,

@@ -287,8 +287,9 @@ impl Watcher {
             _ => return None,
         };
         if kind == ev.kind && self.format == Format::JSON {
-            // The common case: the frame the view encoded with the event.
-            return Some(ev.frame.clone());
+            // The common case: the frame the view encoded with the event (written again
+            // for one the history kept without it).
+            return Some(ev.json_frame());
         }
         Some(self.object_frame(kind, &ev.object))
     }

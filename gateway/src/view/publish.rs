@@ -124,7 +124,7 @@ impl View {
                 s.evict_oldest();
             }
             let shelf = s.shelf_mut(key.kind);
-            shelf.history.push_back((now, e.clone()));
+            shelf.history.push_back((now, e.kept()));
             shelf.send(e);
             s.history_len += 1;
         }

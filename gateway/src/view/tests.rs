@@ -488,3 +488,31 @@ fn a_kind_holds_its_feed_only_while_someone_watches_it() {
     ));
     assert_eq!(feeds(&view), 0);
 }
+
+#[test]
+fn the_history_keeps_a_pods_json_once_and_a_resume_writes_the_same_frame() {
+    let view = View::new(1, 100);
+    let start = view.resource_version();
+    let published = view.apply(
+        [
+            Change::Upsert(mk_pod("p", "Pending")),
+            Change::Upsert(mk_service("a", "1")),
+        ],
+        Instant::now(),
+    );
+    let deleted = view.apply(
+        [Change::Delete(mk_pod("p", "Pending").key())],
+        Instant::now(),
+    );
+    let (pods, _rx) = view.watch_from(Kind::Pod, start).expect("in history");
+    assert_eq!(pods.len(), 2);
+    for (kept, sent) in pods.iter().zip([&published[0], &deleted[0]]) {
+        assert!(kept.frame.is_empty(), "a pod's frame is not held twice");
+        assert_eq!(kept.json_frame(), sent.frame, "written again, the same");
+    }
+    let (services, _rx) = view.watch_from(Kind::Service, start).expect("in history");
+    assert_eq!(
+        services[0].frame, published[1].frame,
+        "a service's JSON is its frame: kept"
+    );
+}
