@@ -191,12 +191,13 @@ impl Object {
         }
     }
 
-    /// Its metadata. A pod's is decoded from its JSON ([`PodObject::metadata`]): where only
-    /// the name is read, [`Object::namespace`] and [`Object::name`] cost nothing.
+    /// Its metadata. A pod's and a slice's are decoded from their JSON
+    /// ([`PodObject::metadata`], [`SliceObject::metadata`]): where only the name is read,
+    /// [`Object::namespace`] and [`Object::name`] cost nothing.
     pub fn meta(&self) -> Cow<'_, ObjectMeta> {
         Cow::Borrowed(match self {
             Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => o.metadata(),
+            Object::EndpointSlice(o) => return Cow::Owned(o.metadata()),
             Object::Endpoints(o) => &o.metadata,
             Object::Pod(o) => return Cow::Owned(o.metadata()),
             Object::ReplicaSet(m) => m,
@@ -208,6 +209,7 @@ impl Object {
     pub fn namespace(&self) -> &str {
         match (self, self.typed_meta()) {
             (Object::Pod(o), _) => &o.id().namespace,
+            (Object::EndpointSlice(o), _) => &o.id().namespace,
             (_, m) => m.and_then(|m| m.namespace.as_deref()).unwrap_or_default(),
         }
     }
@@ -216,6 +218,7 @@ impl Object {
     pub fn name(&self) -> &str {
         match (self, self.typed_meta()) {
             (Object::Pod(o), _) => &o.id().name,
+            (Object::EndpointSlice(o), _) => &o.id().name,
             (_, m) => m.and_then(|m| m.name.as_deref()).unwrap_or_default(),
         }
     }
@@ -224,7 +227,7 @@ impl Object {
     fn typed_meta(&self) -> Option<&ObjectMeta> {
         Some(match self {
             Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => o.metadata(),
+            Object::EndpointSlice(_) => return None,
             Object::Endpoints(o) => &o.metadata,
             Object::Pod(_) => return None,
             Object::ReplicaSet(m) => m,
@@ -236,6 +239,7 @@ impl Object {
     pub fn id(&self) -> NsName {
         match self {
             Object::Pod(o) => o.id().clone(),
+            Object::EndpointSlice(o) => o.id().clone(),
             _ => NsName::new(self.namespace(), self.name()),
         }
     }
@@ -335,10 +339,5 @@ pub enum Group {
 
 /// The service an EndpointSlice belongs to, from its `kubernetes.io/service-name` label.
 pub fn slice_service(slice: &SliceObject) -> Option<NsName> {
-    let meta = slice.metadata();
-    let name = meta.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    Some(NsName::new(
-        meta.namespace.as_deref().unwrap_or_default(),
-        name,
-    ))
+    slice.service()
 }

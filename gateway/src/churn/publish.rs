@@ -123,7 +123,7 @@ impl Publisher {
 
     /// Shares the wanted pods with the upstream pod watcher from now on.
     pub fn mirror_wanted(&mut self, mirror: WantedPods) {
-        mirror.replace(self.wanted.keys().cloned().collect());
+        mirror.replace(self.wanted.keys());
         self.mirror = Some(mirror);
     }
 
@@ -377,7 +377,7 @@ impl Publisher {
     /// Tells the pod watcher which pods are wanted now.
     pub fn refresh_wanted(&mut self) {
         if let Some(m) = &self.mirror {
-            m.replace(self.wanted.keys().cloned().collect());
+            m.replace(self.wanted.keys());
         }
     }
 
@@ -411,6 +411,14 @@ impl Publisher {
         let Group::Service(svc) = g else {
             return;
         };
+        // Names read again from the slices' JSON: a pod wanted already keeps the one
+        // allocation of its name that the wanted map, the pod-event filter and the store share.
+        let pods: BTreeSet<NsName> = (pods.into_iter())
+            .map(|p| match self.wanted.get_key_value(&p) {
+                Some((held, _)) => held.clone(),
+                None => p,
+            })
+            .collect();
         let st = self.groups.entry(g.clone()).or_default();
         for gone in st.pods.difference(&pods) {
             if let Some(by) = self.wanted.get_mut(gone) {
@@ -430,7 +438,7 @@ impl Publisher {
                 && let Some(m) = &self.mirror
             {
                 // Before any fetch of it is asked: a skipped event is covered by the fetch.
-                m.insert(new.clone());
+                m.insert(new);
             }
             by.push(svc.clone());
         }

@@ -127,7 +127,7 @@ impl Index {
 
     fn insert_slice(&mut self, slice: &Arc<SliceObject>) -> Option<NsName> {
         let svc = slice_service(slice).filter(|s| self.covers(s))?;
-        let id = NsName::of(slice.metadata());
+        let id = slice.id().clone();
         self.slices
             .entry(svc.clone())
             .or_default()
@@ -167,7 +167,7 @@ impl Index {
                 touched.push(id);
             }
             Object::EndpointSlice(slice) if rv > self.slices_floor => {
-                let id = NsName::of(slice.metadata());
+                let id = slice.id().clone();
                 touched.extend(self.remove_slice(&id));
                 if event.kind != EventType::Deleted {
                     touched.extend(self.insert_slice(slice));

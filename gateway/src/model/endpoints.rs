@@ -7,6 +7,8 @@
 //! As for slices, the JSON is written by serde from a typed `EndpointAddress`, so it always
 //! decodes back to the same one.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, Endpoints};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::ser::SerializeStruct;
@@ -177,11 +179,16 @@ impl EndpointsObject {
     /// The pods its addresses point at, each with its address's readiness (`addresses` are
     /// ready, `notReadyAddresses` are not).
     pub fn pod_refs_ready(&self) -> impl Iterator<Item = (NsName, bool)> + '_ {
-        let owner = self.metadata.namespace.as_deref().unwrap_or_default();
+        let owner: Arc<str> = self
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .into();
         self.subsets()
             .iter()
             .flat_map(HeldSubset::addresses)
-            .filter_map(move |(a, ready)| Some((raw_pod_ref(a.json.get(), owner)?, ready)))
+            .filter_map(move |(a, ready)| Some((raw_pod_ref(a.json.get(), &owner)?, ready)))
     }
 }
 

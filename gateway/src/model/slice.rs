@@ -1,12 +1,16 @@
-//! An EndpointSlice as Floodgate holds it: its JSON, written once, with its metadata typed
-//! beside it and, for each endpoint, where its JSON and its key lie in that JSON and whether
+//! An EndpointSlice as Floodgate holds it: its JSON, written once, with its namespace, name and
+//! service beside it (what the engine reads of its metadata) and, for each endpoint, where its JSON and its key lie in that JSON and whether
 //! it is ready (what the engine reads of every endpoint on every change).
 //!
 //! Why: the cap chooses among all of a selected service's endpoints, so the upstream cache
 //! holds every one of them, published or not, and a decoded k8s-openapi `Endpoint` spends its
 //! fixed layout on every field it could have (376 bytes inline, most of them `None`: the
 //! object reference alone is seven optional strings), plus an allocation per string. Held as
-//! one JSON a slice costs its own bytes, one allocation for them and 20 bytes an endpoint.
+//! one JSON a slice costs its own bytes, one allocation for them and 20 bytes an endpoint. Its
+//! metadata is not held typed either (a typed `ObjectMeta` with its labels' B-tree cost 700
+//! bytes a slice, 7 MB for 1,000 small services): [`SliceObject::metadata`] decodes it from
+//! the JSON where a label selector or a metadata-only form reads it. The pods its endpoints
+//! name share its namespace's allocation ([`SliceObject::pod_refs_ready`]).
 //! The same JSON is what the view serves ([`crate::view::Stored`] writes it behind
 //! `apiVersion`, `kind` and the resourceVersion), so a published slice is held once, and a
 //! LIST copies each slice from one place (the facade benchmark's LIST of 10,000 slices was
@@ -24,13 +28,14 @@
 //! endpoints whole.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use super::NsName;
+use super::{NsName, SERVICE_NAME_LABEL};
 
 /// Where one endpoint lies in its slice's buffer.
 #[derive(Clone, Copy, Debug)]
@@ -95,8 +100,9 @@ fn at(buf: &str, (start, end): (u32, u32)) -> &str {
 }
 
 /// The pod an endpoint's or an address's JSON points at (its `targetRef`), if it is a pod.
-/// `owner` is the namespace of the object holding it, for a reference that names none.
-pub(super) fn raw_pod_ref(json: &str, owner: &str) -> Option<NsName> {
+/// `owner` is the namespace of the object holding it, for a reference that names none, and
+/// shared by a reference that names it.
+pub(super) fn raw_pod_ref(json: &str, owner: &Arc<str>) -> Option<NsName> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Target<'a> {
@@ -116,17 +122,24 @@ pub(super) fn raw_pod_ref(json: &str, owner: &str) -> Option<NsName> {
     if r.kind.as_deref() != Some("Pod") {
         return None;
     }
-    Some(NsName::new(
-        r.namespace.as_deref().unwrap_or(owner),
-        &r.name?,
-    ))
+    let namespace = match r.namespace.as_deref() {
+        None => owner.clone(),
+        Some(ns) if ns == &**owner => owner.clone(),
+        Some(ns) => ns.into(),
+    };
+    Some(NsName {
+        namespace,
+        name: r.name?.as_ref().into(),
+    })
 }
 
 /// An EndpointSlice held compactly (see the module docs).
 #[derive(Clone, Debug)]
 pub struct SliceObject {
-    /// Its metadata, typed (the engine reads its name, namespace and labels on every change).
-    metadata: ObjectMeta,
+    /// Its namespace and name.
+    id: NsName,
+    /// Its `kubernetes.io/service-name` label: the service it belongs to.
+    service: Option<Arc<str>>,
     /// `{"metadata":..,"addressType":..,"ports":..,"endpoints":[..]}`, then the keys that are
     /// not written in it as they are.
     buf: Box<str>,
@@ -218,7 +231,7 @@ impl Build {
         });
     }
 
-    fn finish(mut self, metadata: ObjectMeta) -> SliceObject {
+    fn finish(mut self, (id, service): (NsName, Option<Arc<str>>)) -> SliceObject {
         if self.endpoints_at.is_some() {
             self.b.push(b']');
         }
@@ -232,7 +245,8 @@ impl Build {
         let buf = String::from_utf8(self.b)
             .expect("JSON written by serde and keys copied from strings are UTF-8");
         SliceObject {
-            metadata,
+            id,
+            service,
             buf: buf.into_boxed_str(),
             json_end,
             endpoints_at: self.endpoints_at,
@@ -275,14 +289,37 @@ impl From<EndpointSlice> for SliceObject {
                 ready,
             );
         }
-        b.finish(s.metadata)
+        let service = (s.metadata.labels.as_ref())
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .map(|name| Arc::from(name.as_str()));
+        b.finish((NsName::of(&s.metadata), service))
     }
 }
 
 impl SliceObject {
-    /// Its metadata.
-    pub fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
+    /// Its namespace and name.
+    pub fn id(&self) -> &NsName {
+        &self.id
+    }
+
+    /// The service it belongs to (its `kubernetes.io/service-name` label), in its namespace.
+    pub fn service(&self) -> Option<NsName> {
+        Some(NsName {
+            namespace: self.id.namespace.clone(),
+            name: self.service.clone()?,
+        })
+    }
+
+    /// Its metadata, decoded (the rest of the JSON is skipped).
+    pub fn metadata(&self) -> ObjectMeta {
+        #[derive(Deserialize)]
+        struct Head {
+            #[serde(default)]
+            metadata: ObjectMeta,
+        }
+        serde_json::from_str::<Head>(self.json())
+            .expect("the JSON was encoded from an EndpointSlice, so its metadata decodes")
+            .metadata
     }
 
     /// Its JSON, without `apiVersion`, `kind` and `metadata.resourceVersion`, `metadata`
@@ -316,7 +353,7 @@ impl SliceObject {
                 e.is_ready(),
             );
         }
-        b.finish(self.metadata.clone())
+        b.finish((self.id.clone(), self.service.clone()))
     }
 
     /// The typed slice.
@@ -330,9 +367,10 @@ impl SliceObject {
         self.pod_refs_ready().map(|(pod, _)| pod)
     }
 
-    /// The pods its endpoints point at, each with its endpoint's readiness.
+    /// The pods its endpoints point at, each with its endpoint's readiness. A pod of the
+    /// slice's namespace shares its allocation of the namespace.
     pub fn pod_refs_ready(&self) -> impl Iterator<Item = (NsName, bool)> + '_ {
-        let owner = self.metadata.namespace.as_deref().unwrap_or_default();
+        let owner = &self.id.namespace;
         self.endpoints()
             .filter_map(move |e| Some((raw_pod_ref(e.json(), owner)?, e.is_ready())))
     }

@@ -301,7 +301,7 @@ mod tests {
         let body = format!(r#"{{"kind":"PodList","metadata":{{}},"items":[{POD},{other}]}}"#);
         let decode = || serde_json::from_str::<ObjectList<Wire<Pod>>>(&body).expect("a list");
         let wanted = WantedPods::default();
-        wanted.insert(NsName::new("prod", "web-0"));
+        wanted.insert(&NsName::new("prod", "web-0"));
         let list = WANTED.scope(Some(wanted.clone()), async { decode() }).await;
         let [kept, skipped] = &list.items[..] else {
             panic!("two items")

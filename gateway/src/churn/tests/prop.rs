@@ -142,12 +142,7 @@ impl Remote {
                 let Object::EndpointSlice(slice) = o else {
                     continue;
                 };
-                let owner = slice
-                    .metadata()
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(SERVICE_NAME_LABEL));
-                if owner.map(String::as_str) != Some(&*key.id.name) {
+                if slice.service().as_ref().map(|s| &*s.name) != Some(&*key.id.name) {
                     continue;
                 }
                 out.insert(k.clone(), o.clone());

@@ -133,7 +133,7 @@ fn the_json_starts_with_metadata_and_holds_no_upstream_version() {
     );
     assert_eq!(held.metadata().resource_version, None);
     assert_eq!(held.metadata().managed_fields, None);
-    assert_eq!(held.to_slice().metadata, *held.metadata());
+    assert_eq!(held.to_slice().metadata, held.metadata());
     let empty = SliceObject::default();
     assert_eq!(empty.json(), r#"{"metadata":{},"addressType":""}"#);
 }
@@ -206,4 +206,27 @@ fn retain_holds_what_the_kept_endpoints_alone_would() {
 fn a_slice_of_the_wrong_shape_is_refused() {
     let bad = r#"{"addressType":"IPv4","endpoints":[{"addresses":"10.0.0.1"}],"metadata":{}}"#;
     assert!(serde_json::from_str::<SliceObject>(bad).is_err());
+}
+
+#[test]
+fn a_slice_holds_its_name_and_service_and_its_pods_share_its_namespace() {
+    let held = SliceObject::from(full());
+    assert_eq!(held.id(), &NsName::new("prod", "web-abc"));
+    assert_eq!(held.service(), Some(NsName::new("prod", "web")));
+    assert_eq!(
+        held.retain(|_| false).service(),
+        held.service(),
+        "kept by retain"
+    );
+    let pods: Vec<_> = held.pod_refs_ready().collect();
+    assert_eq!(pods, [(NsName::new("prod", "web-0"), false)]);
+    assert!(
+        Arc::ptr_eq(&pods[0].0.namespace, &held.id().namespace),
+        "one allocation of the namespace"
+    );
+    let unlabelled = SliceObject::from(EndpointSlice {
+        metadata: ObjectMeta::default(),
+        ..full()
+    });
+    assert_eq!(unlabelled.service(), None);
 }
