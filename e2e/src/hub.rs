@@ -24,7 +24,7 @@ use serde::Serialize;
 use crate::RunningSim;
 use crate::drivers::Cluster;
 use crate::modes::Mode;
-use crate::process::{Launch, memory_kib};
+use crate::process::{Launch, memory_kib, proc_status_kib};
 use crate::sim::SimStore;
 
 /// The hub to start.
@@ -62,6 +62,9 @@ pub struct HubOutcome {
     pub steady_kib: u64,
     /// Peak resident memory, the start included (KiB).
     pub peak_kib: u64,
+    /// Of the resident memory, what is anonymous (`RssAnon`: the heap, stacks; the rest is
+    /// file-backed, the binary's own pages, which a fresh process has too) (KiB).
+    pub anon_kib: u64,
     /// The JSON every link serves, in all (bytes, as the admin API counts them).
     pub view_bytes: u64,
     /// Objects the links hold from upstream, in all.
@@ -131,10 +134,13 @@ pub async fn run(dir: &Path, plan: &HubPlan) -> anyhow::Result<HubOutcome> {
         }
     };
     // Let the links settle (their first publications, the cap's choice), then read.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let settled = settle(&floodgate).await;
     let _ = stop_tx.send(true);
     let samples = sampler.await?;
-    let measured = measure(&floodgate, plan, ready_s, &samples).await;
+    let measured = match settled {
+        Ok(()) => measure(&floodgate, plan, ready_s, &samples).await,
+        Err(e) => Err(e),
+    };
     floodgate.stop().await?;
     sim.stop();
     measured
@@ -161,6 +167,7 @@ async fn measure(
     let ticks = cpu_ticks(pid).context("floodgate's CPU time")? - before;
     let idle_cpu_percent = ticks as f64 / clock_ticks() / idle.elapsed().as_secs_f64() * 100.0;
     let (steady_kib, peak_kib) = memory_kib(pid).context("floodgate's memory")?;
+    let anon_kib = proc_status_kib(pid, "RssAnon").context("floodgate's memory")?;
     let (lists, lists_spread_s, lists_peak_per_100ms) = list_figures(samples);
     let beyond = (steady_kib as f64 - view_bytes as f64 / 1024.0) / plan.links as f64;
     Ok(HubOutcome {
@@ -172,12 +179,34 @@ async fn measure(
         lists_peak_per_100ms,
         steady_kib,
         peak_kib,
+        anon_kib,
         view_bytes,
         upstream_objects,
         per_link_beyond_json_kib: beyond,
         idle_cpu_percent,
         dials_paced,
     })
+}
+
+/// Waits until the links' publications are done: at least 3 s after ready, and until the JSON
+/// they serve and the objects they hold stayed the same for a second (a slow machine takes
+/// longer; 60 s at most).
+async fn settle(floodgate: &crate::process::Floodgate) -> anyhow::Result<()> {
+    let began = Instant::now();
+    let mut last = served(floodgate).await?;
+    let mut same_since = Instant::now();
+    while began.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = served(floodgate).await?;
+        if now != last {
+            (last, same_since) = (now, Instant::now());
+        } else if began.elapsed() >= Duration::from_secs(3)
+            && same_since.elapsed() >= Duration::from_secs(1)
+        {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("the links' publications did not settle in 60 s: {last:?} served and held")
 }
 
 /// The JSON the links serve and the objects they hold upstream, summed over `GET /links`.

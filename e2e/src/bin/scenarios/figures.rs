@@ -263,9 +263,10 @@ pub fn hub_figures(unpaced: &HubOutcome, paced: &HubOutcome, out: &mut Vec<Figur
         ),
         direct: String::new(),
         floodgate: format!(
-            "{:.2} MiB (RSS {}, JSON served {}, peak {})",
+            "{:.2} MiB (RSS {}, of it anonymous {}; JSON served {}, peak {})",
             paced.per_link_beyond_json_kib / 1024.0,
             mib(paced.steady_kib),
+            mib(paced.anon_kib),
             mib(paced.view_bytes / 1024),
             mib(paced.peak_kib)
         ),
@@ -358,10 +359,13 @@ pub fn small_services_figures(plan: &HubPlan, o: &HubOutcome, out: &mut Vec<Figu
         ),
         direct: String::new(),
         floodgate: format!(
-            "RSS {} beside {} of JSON served (peak {}); ready in {:.1} s",
+            "RSS {} beside {} of JSON served (peak {}; anonymous {}: {:.1}x the JSON); ready \
+             in {:.1} s",
             mib(o.steady_kib),
             mib(o.view_bytes / 1024),
             mib(o.peak_kib),
+            mib(o.anon_kib),
+            o.anon_kib as f64 * 1024.0 / o.view_bytes.max(1) as f64,
             o.ready_s
         ),
         ratio: format!("{ratio:.1}x the JSON"),
