@@ -139,6 +139,14 @@ pub const WATCH_TIMEOUT_SECS: u32 = 60;
 /// a list or a GET that stalled mid-body. Set by [`client`].
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
 
+/// The most a connection to the remote holds to read into ([`client`]). hyper lets a
+/// connection's read buffer grow to about 400 KB while it reads a large body, and keeps it for
+/// as long as the connection lives: a watch that began with a streaming list of 1,000 slices
+/// held it from then on, 0.73 MB a link over its watches (heaptrack of 20 links). Response
+/// heads are far smaller (the facade's own limit on request heads is 80 KiB); bodies go
+/// through it in reads of at most this much.
+pub const READ_BUFFER_MAX: usize = 32 * 1024;
+
 /// The client of a link's remote, from its kubeconfig's `cfg`, with what every link needs,
 /// whichever mode built `cfg`:
 /// - list and GET bodies read into one buffer as they arrive ([`body::Contiguous`]);
@@ -146,14 +154,41 @@ pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75)
 /// - no retries inside the client. kube-rs retries 429, 503 and 504 up to 15 times by default,
 ///   with waits that grow to minutes; the watchers have their own backoff, and a 504 on a
 ///   resume is a remote whose versions went backwards, which must reach [`needs_relist`] at
-///   once instead of being retried with the same version.
+///   once instead of being retried with the same version;
+/// - each connection's read buffer bounded by [`READ_BUFFER_MAX`].
+///
+/// kube-rs's `ClientBuilder` cannot set the last, so the stack is built here from the same
+/// parts `ClientBuilder::try_from` uses (kube's `ConfigExt`: TLS from the kubeconfig, the base
+/// URI, the credentials with their refresh, extra headers; hyper-timeout's connector for the
+/// timeouts), without its retry layer (off, as above) and its per-request debug spans.
 pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+    use kube::client::ConfigExt as _;
+    use tower::ServiceBuilder;
+
     cfg.read_timeout = Some(READ_TIMEOUT);
     cfg.reset_reader_on_write = true;
-    cfg.default_retry = false;
-    Ok(kube::client::ClientBuilder::try_from(cfg)?
-        .with_layer(&body::ContiguousLayer)
-        .build())
+    let mut http = HttpConnector::new();
+    // The kubeconfig's scheme decides: the TLS connector below takes `https` URIs.
+    http.enforce_http(false);
+    let mut connector =
+        hyper_timeout::TimeoutConnector::new(cfg.rustls_https_connector_with_connector(http)?);
+    connector.set_connect_timeout(cfg.connect_timeout);
+    connector.set_read_timeout(cfg.read_timeout);
+    connector.set_write_timeout(cfg.write_timeout);
+    connector.set_reset_reader_on_write(cfg.reset_reader_on_write);
+    let http = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+        .http1_max_buf_size(READ_BUFFER_MAX)
+        .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(body::ContiguousLayer)
+        .layer(cfg.base_uri_layer())
+        .option_layer(cfg.auth_layer()?)
+        .layer(cfg.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(http);
+    Ok(Client::new(service, cfg.default_namespace))
 }
 
 /// The watchers' reconnect backoff: the first wait, the longest, and how long without an error

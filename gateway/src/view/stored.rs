@@ -8,8 +8,10 @@
 //! initial events), behind `apiVersion`, `kind` and the resourceVersion, so the view holds no
 //! second copy. So is a core/v1 Endpoints' (one a service, rarely listed: encoded where it is
 //! served). Every other kind's served JSON is a slice of the watch frame of the event that
-//! stored it. Every event's frame is written whole, once, for every watcher, and lives as long
-//! as the history keeps the event.
+//! stored it. Every event's frame is written whole, once, for every watcher. The history keeps
+//! it only for those other kinds (their JSON is the frame); a pod's, a slice's or an Endpoints'
+//! frame lives while the fan-out still holds its event, and a resume writes it again
+//! ([`Event::kept`]).
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};

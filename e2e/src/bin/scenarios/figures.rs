@@ -227,7 +227,12 @@ pub fn s1_figures(name: &str, o: &Outcome, out: &mut Vec<Figure>) {
 
 /// The many-links rows: the start's lists unpaced beside paced, then the paced hub's ready
 /// time, memory a link beyond the JSON it serves, and idle CPU.
-pub fn hub_figures(unpaced: &HubOutcome, paced: &HubOutcome, out: &mut Vec<Figure>) {
+pub fn hub_figures(
+    unpaced: &HubOutcome,
+    paced: &HubOutcome,
+    empty: &HubOutcome,
+    out: &mut Vec<Figure>,
+) {
     let n = paced.links;
     let lists = |o: &HubOutcome| {
         format!(
@@ -273,6 +278,25 @@ pub fn hub_figures(unpaced: &HubOutcome, paced: &HubOutcome, out: &mut Vec<Figur
         ratio: String::new(),
         target: "<= 2 MiB".into(),
         met: Some(paced.per_link_beyond_json_kib <= 2048.0),
+    });
+    let per_link = |kib: u64| kib as f64 / 1024.0 / empty.links.max(1) as f64;
+    out.push(Figure {
+        what: format!(
+            "Many links: {} links of an empty remote (what a link costs with nothing to serve)",
+            empty.links
+        ),
+        direct: String::new(),
+        floodgate: format!(
+            "{:.2} MiB a link (RSS {}, of it anonymous {}: {:.2} MiB a link); ready in {:.1} s",
+            per_link(empty.steady_kib),
+            mib(empty.steady_kib),
+            mib(empty.anon_kib),
+            per_link(empty.anon_kib),
+            empty.ready_s
+        ),
+        ratio: String::new(),
+        target: String::new(),
+        met: None,
     });
     out.push(Figure {
         what: format!("Many links: idle CPU of {n} links"),

@@ -299,7 +299,17 @@ async fn main() -> anyhow::Result<()> {
             );
             runs.push(hub::run(&dir(&format!("many-links-{pace}"))?, &plan).await?);
         }
-        hub_figures(&runs[0], &runs[1], &mut figures);
+        // What a link costs with nothing to serve: the same links against an empty remote.
+        let plan = HubPlan {
+            links: args.hub_links,
+            services: 0,
+            slices: 0,
+            starts_per_second: floodgate::link::DEFAULT_LINK_STARTS_PER_SECOND,
+            idle_secs: 10,
+        };
+        println!("many links: {} links of an empty remote", plan.links);
+        runs.push(hub::run(&dir("many-links-empty")?, &plan).await?);
+        hub_figures(&runs[0], &runs[1], &runs[2], &mut figures);
         report["many_links"] = serde_json::to_value(&runs)?;
     }
     if args.runs("small-services") {
