@@ -104,10 +104,11 @@ fn status(args: &floodgate::cli::status::StatusArgs) -> ExitCode {
 }
 
 /// What is logged unless `FLOODGATE_LOG` says otherwise: INFO and above, but not kube-client's
-/// lines per failed request and per broken watch (an ERROR and WARNs each time a watcher
-/// retries a remote that is down): the link logs an outage itself, once when it begins, once
-/// if it lasts and once when it ends (`FLOODGATE_LOG=info,kube_client=debug` shows them again).
-const DEFAULT_LOG: &str = "info,kube_client=error,kube_client::client::builder=off";
+/// lines per broken watch (WARNs each time a watcher retries a remote that is down): the link
+/// logs an outage itself, once when it begins, once if it lasts and once when it ends
+/// (`FLOODGATE_LOG=info,kube_client=debug` shows them again; the remote's client logs each
+/// request at DEBUG, `tower_http=debug`).
+const DEFAULT_LOG: &str = "info,kube_client=error";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -160,12 +160,14 @@ pub const READ_BUFFER_MAX: usize = 32 * 1024;
 /// kube-rs's `ClientBuilder` cannot set the last, so the stack is built here from the same
 /// parts `ClientBuilder::try_from` uses (kube's `ConfigExt`: TLS from the kubeconfig, the base
 /// URI, the credentials with their refresh, extra headers; hyper-timeout's connector for the
-/// timeouts), without its retry layer (off, as above) and its per-request debug spans.
+/// timeouts), without its retry layer (off, as above); its per-request spans are tower-http's.
 pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::TokioExecutor;
     use kube::client::ConfigExt as _;
     use tower::ServiceBuilder;
+    use tower_http::trace::{DefaultOnFailure, TraceLayer};
+    use tracing::Level;
 
     cfg.read_timeout = Some(READ_TIMEOUT);
     cfg.reset_reader_on_write = true;
@@ -186,6 +188,9 @@ pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
         .layer(cfg.base_uri_layer())
         .option_layer(cfg.auth_layer()?)
         .layer(cfg.extra_headers_layer()?)
+        // A span per request, all at DEBUG (`FLOODGATE_LOG=info,tower_http=debug`): a remote
+        // that is down fails every request, and the link logs an outage itself.
+        .layer(TraceLayer::new_for_http().on_failure(DefaultOnFailure::new().level(Level::DEBUG)))
         .map_err(tower::BoxError::from)
         .service(http);
     Ok(Client::new(service, cfg.default_namespace))
