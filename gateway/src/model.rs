@@ -336,8 +336,3 @@ pub enum Group {
     /// The Servers of a namespace that holds a selected service.
     Servers(Arc<str>),
 }
-
-/// The service an EndpointSlice belongs to, from its `kubernetes.io/service-name` label.
-pub fn slice_service(slice: &SliceObject) -> Option<NsName> {
-    slice.service()
-}

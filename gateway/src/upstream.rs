@@ -46,11 +46,17 @@ pub mod wire;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
+use kube::client::ConfigExt as _;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tower::ServiceBuilder;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
+use tracing::Level;
 
 pub use self::admit::{Refused, encoded_len};
 pub use self::fault::{is_expired, needs_relist};
@@ -142,9 +148,10 @@ pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75)
 /// The most a connection to the remote holds to read into ([`client`]). hyper lets a
 /// connection's read buffer grow to about 400 KB while it reads a large body, and keeps it for
 /// as long as the connection lives: a watch that began with a streaming list of 1,000 slices
-/// held it from then on, 0.73 MB a link over its watches (heaptrack of 20 links). Response
-/// heads are far smaller (the facade's own limit on request heads is 80 KiB); bodies go
-/// through it in reads of at most this much.
+/// held it from then on, 0.73 MB a link over its watches (heaptrack of 20 links). Bodies go
+/// through it in reads of at most this much. A response head must fit in it whole (hyper
+/// refuses a larger one as an error of the request): an API server's heads are a few hundred
+/// bytes.
 pub const READ_BUFFER_MAX: usize = 32 * 1024;
 
 /// The client of a link's remote, from its kubeconfig's `cfg`, with what every link needs,
@@ -162,13 +169,6 @@ pub const READ_BUFFER_MAX: usize = 32 * 1024;
 /// URI, the credentials with their refresh, extra headers; hyper-timeout's connector for the
 /// timeouts), without its retry layer (off, as above); its per-request spans are tower-http's.
 pub fn client(mut cfg: kube::Config) -> kube::Result<Client> {
-    use hyper_util::client::legacy::connect::HttpConnector;
-    use hyper_util::rt::TokioExecutor;
-    use kube::client::ConfigExt as _;
-    use tower::ServiceBuilder;
-    use tower_http::trace::{DefaultOnFailure, TraceLayer};
-    use tracing::Level;
-
     cfg.read_timeout = Some(READ_TIMEOUT);
     cfg.reset_reader_on_write = true;
     let mut http = HttpConnector::new();

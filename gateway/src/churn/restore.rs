@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::Engine;
 use super::flood::Trigger;
 use super::publish::Published;
-use crate::model::{Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION, slice_service};
+use crate::model::{Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION};
 use crate::view::Change as ViewChange;
 
 /// A quarantine as saved on disk, in the engine's terms.
@@ -124,7 +124,7 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
     for obj in objects.values() {
         match obj {
             Object::EndpointSlice(s) => {
-                if let Some(svc) = slice_service(s) {
+                if let Some(svc) = s.service() {
                     slices_by_service.entry(svc).or_default().push(obj);
                 }
             }

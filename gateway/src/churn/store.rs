@@ -16,7 +16,7 @@ use kube::core::{Selector, SelectorExt};
 
 use crate::model::{
     EndpointsObject, Group, Kind, NsName, ObjKey, Object, PodObject, Server, SliceEndpoint,
-    SliceObject, slice_service,
+    SliceObject,
 };
 
 /// What a change touched.
@@ -185,8 +185,8 @@ impl Store {
             _ => None,
         };
         t.endpoints_changed = endpoints_changed(old.as_deref(), new.as_deref());
-        let old_svc = old.as_deref().and_then(slice_service);
-        let new_svc = new.as_deref().and_then(slice_service);
+        let old_svc = old.as_deref().and_then(SliceObject::service);
+        let new_svc = new.as_deref().and_then(SliceObject::service);
         if let (Some(n), Some(svc)) = (new, &new_svc) {
             self.hold_slice(id, n, svc, old_svc.as_ref() != Some(svc));
         }

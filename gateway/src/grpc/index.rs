@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Service;
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
 use super::snapshot;
-use crate::model::{Kind, NsName, Object, SliceObject, slice_service};
+use crate::model::{Kind, NsName, Object, SliceObject};
 use crate::view::{Event, EventType, View};
 
 /// The view's Service and EndpointSlice feeds, followed together (the other kinds' changes
@@ -126,7 +126,7 @@ impl Index {
     }
 
     fn insert_slice(&mut self, slice: &Arc<SliceObject>) -> Option<NsName> {
-        let svc = slice_service(slice).filter(|s| self.covers(s))?;
+        let svc = slice.service().filter(|s| self.covers(s))?;
         let id = slice.id().clone();
         self.slices
             .entry(svc.clone())

@@ -1,6 +1,7 @@
 //! An EndpointSlice as Floodgate holds it: its JSON, written once, with its namespace, name and
-//! service beside it (what the engine reads of its metadata) and, for each endpoint, where its JSON and its key lie in that JSON and whether
-//! it is ready (what the engine reads of every endpoint on every change).
+//! service beside it (what the engine reads of its metadata) and, for each endpoint, where its
+//! JSON and its key lie in that JSON and whether it is ready (what the engine reads of every
+//! endpoint on every change).
 //!
 //! Why: the cap chooses among all of a selected service's endpoints, so the upstream cache
 //! holds every one of them, published or not, and a decoded k8s-openapi `Endpoint` spends its

@@ -109,15 +109,12 @@ impl WantedPods {
         self.everything.store(false, Ordering::Relaxed);
     }
 
-    /// How many pods are wanted (0 while it wants every pod).
-    pub fn len(&self) -> usize {
+    /// How many pods are wanted (0 while it wants every pod). It walks the counts: the
+    /// engine keeps its own count (`Publisher::wanted_pods`).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         let set = self.set.read().unwrap_or_else(|e| e.into_inner());
         set.counts.values().map(|&n| n as usize).sum()
-    }
-
-    /// True when no pod is named (it may still want every pod: see [`WantedPods::everything`]).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
