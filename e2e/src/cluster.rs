@@ -94,11 +94,11 @@ impl Replica {
         Self::start_with_peers(local, identity, None, fast(), true, false).await
     }
 
-    /// Starts a replica whose advertised facade address (the one followers read it at) leads
-    /// through a [`crate::relay::TcpRelay`]: cutting the relay partitions its followers from
-    /// it while it keeps its Leases.
+    /// Starts the first of replicas (as [`Self::start_first`]) whose advertised facade address
+    /// (the one followers read it at) leads through a [`crate::relay::TcpRelay`]: cutting the
+    /// relay partitions its followers from it while it keeps its Leases.
     pub async fn start_behind_relay(local: &RunningLocal, identity: &str) -> Self {
-        Self::start_with_peers(local, identity, None, fast(), false, true).await
+        Self::start_with_peers(local, identity, None, fast(), true, true).await
     }
 
     async fn start_with(

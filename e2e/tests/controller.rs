@@ -190,6 +190,7 @@ async fn losing_the_lease_stops_writing() {
         lease::Links {
             links: wanted,
             reading: watch::channel(BTreeSet::new()).1,
+            synced: watch::channel(BTreeSet::from(["east".into(), "west".into()])).1,
         },
         held_tx,
         kube::runtime::reflector::store().1,
@@ -667,6 +668,61 @@ async fn two_replicas_share_two_links_and_each_remote_is_watched_once() {
         },
     )
     .await;
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A replica that joins while it cannot reach the holder's facade (its view holds nothing of
+/// the holder's) does not take the link the holder hands it at once: taken over from that
+/// view, the link's versions would begin below the holder's, and the holder's consumers,
+/// following it, would have to relist. It takes the link once the Lease given back has stayed
+/// free half a Lease duration longer than it lasts (1 s), before the holder (at its share)
+/// would take it back, and serves it from the remote.
+#[tokio::test]
+async fn a_replica_that_cannot_sync_the_holders_view_takes_a_handed_link_only_later() {
+    let local = RunningLocal::start().await.expect("local cluster");
+    let (sim, _cluster) = remote(&["web"]).await;
+    add_link(&local, "east", &sim, mk_link("east")).await;
+    add_link(&local, "west", &sim, mk_link("west")).await;
+    let a = Replica::start_behind_relay(&local, "replica-a").await;
+    let holders = || [lease_holder(&local, "east"), lease_holder(&local, "west")];
+    until(30, "a holds both links", async || {
+        holders() == [Some("replica-a".into()), Some("replica-a".into())]
+    })
+    .await;
+    a.relay.as_ref().expect("a relay").cut();
+    let joined = std::time::Instant::now();
+    let b = Replica::start_beside(&local, "replica-b", &a).await;
+    until(30, "b takes one link", async || {
+        holders().contains(&Some("replica-b".into()))
+    })
+    .await;
+    let took = joined.elapsed();
+    // The Lease went back after b joined; a given-back Lease lasts 1 s.
+    let wait = Duration::from_secs(1) + fast().lease.duration / 2;
+    eprintln!("b took a link {took:?} after it joined (at least {wait:?})");
+    assert!(
+        took >= wait,
+        "b took the link {took:?} after it joined, its view never synced with a's"
+    );
+    let link = if holders()[0].as_deref() == Some("replica-b") {
+        "east"
+    } else {
+        "west"
+    };
+    let on_b = b.consumer(link, &token(link)).await;
+    until(
+        30,
+        "b serves the link it took from the remote",
+        async || service_names(&on_b).await == Some(["web"].map(String::from).into()),
+    )
+    .await;
+    assert_eq!(
+        holders().iter().flatten().count(),
+        2,
+        "both links are held: {:?}",
+        holders()
+    );
     b.stop().await;
     a.stop().await;
 }

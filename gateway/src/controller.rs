@@ -321,18 +321,24 @@ fn spawn_lease_loop(
 ) {
     let (wanted_tx, links) = watch::channel(BTreeSet::new());
     let (reading_tx, reading) = watch::channel(BTreeSet::new());
+    let (synced_tx, synced) = watch::channel(BTreeSet::new());
     let (held_tx, held) = watch::channel(BTreeSet::new());
     let claimant = lease::Claimant {
         identity: args.identity.clone(),
         facade: args.advertise_address.clone(),
     };
-    let links = lease::Links { links, reading };
+    let links = lease::Links {
+        links,
+        reading,
+        synced,
+    };
     let task = tokio::spawn(lease::run(
         leases, claimant, timing, links, held_tx, seen, shutdown,
     ));
     let wanted = Wanted {
         links: wanted_tx,
         reading: reading_tx,
+        synced: synced_tx,
     };
     (task, wanted, held)
 }

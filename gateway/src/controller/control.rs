@@ -22,6 +22,8 @@ pub(super) struct Wanted {
     pub(super) links: watch::Sender<BTreeSet<String>>,
     /// The links whose remote this replica reads now.
     pub(super) reading: watch::Sender<BTreeSet<String>>,
+    /// The links whose view this replica could go on from as their holder.
+    pub(super) synced: watch::Sender<BTreeSet<String>>,
 }
 
 /// The controller's loop: the Links it reads, the links it runs, and where their statuses,
@@ -54,7 +56,13 @@ impl Control {
         let names: BTreeSet<String> = links.iter().map(|l| l.name_any()).collect();
         self.runs.prune(&names);
         let reading = self.runs.reading_remote();
-        for (tx, now) in [(&self.wanted.links, names), (&self.wanted.reading, reading)] {
+        let synced = self.runs.synced_views();
+        let told = [
+            (&self.wanted.links, names),
+            (&self.wanted.reading, reading),
+            (&self.wanted.synced, synced),
+        ];
+        for (tx, now) in told {
             tx.send_if_modified(|was| {
                 let changed = *was != now;
                 *was = now;

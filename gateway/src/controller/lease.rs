@@ -289,6 +289,10 @@ pub struct Links {
     /// The links whose remote this replica reads now: a Lease handed over goes back only once
     /// its link has stopped reading, so that two replicas never read one remote.
     pub reading: watch::Receiver<BTreeSet<String>>,
+    /// The links whose view this replica could go on from as their holder: it reads their
+    /// remote, or it holds the whole view of the holder it follows. A free Lease of any other
+    /// waits a Lease duration for a replica whose view does ([`balance::worth_taking`]).
+    pub synced: watch::Receiver<BTreeSet<String>>,
 }
 
 /// Keeps holding this replica's share of the Leases of the links in `links`, publishing the
@@ -302,7 +306,11 @@ pub async fn run(
     api: Api<Lease>,
     me: Claimant,
     timing: LeaseTiming,
-    Links { mut links, reading }: Links,
+    Links {
+        mut links,
+        reading,
+        synced,
+    }: Links,
     held: watch::Sender<BTreeSet<String>>,
     seen: Writer<Lease>,
     mut shutdown: watch::Receiver<bool>,
@@ -350,7 +358,8 @@ pub async fn run(
             let mine = held.borrow().contains(link);
             let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(&namespace));
             let load = (held.borrow().len(), share);
-            if !mine && !worth_taking(lease.as_deref(), load, fewest_elsewhere, now, timing) {
+            let ours = synced.borrow().contains(link);
+            if !mine && !worth_taking(lease.as_deref(), load, fewest_elsewhere, ours, now, timing) {
                 continue;
             }
             let started = tokio::time::Instant::now();

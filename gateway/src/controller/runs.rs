@@ -287,6 +287,21 @@ impl Runs {
             .collect()
     }
 
+    /// The links whose view this replica could go on from as their holder, with no gap in
+    /// what consumers see: those that read their remote (or will: handed over, or nobody
+    /// held them), and those whose view holds the whole view of a holder it followed. A view
+    /// that has not synced yet would begin its own term below the holder's, and every other
+    /// replica following it would end its watches (their consumers relist).
+    pub(super) fn synced_views(&self) -> BTreeSet<String> {
+        (self.running.iter())
+            .filter(|(_, r)| match &*r.upstream.borrow() {
+                Upstream::Holder { .. } => r.handle.state.borrow().synced,
+                Upstream::Remote | Upstream::HandingOver => true,
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Stops what runs for Links the cache no longer holds (a deleted Link is not reconciled);
     /// `names` are the Links it holds.
     pub(super) fn prune(&mut self, names: &BTreeSet<String>) {

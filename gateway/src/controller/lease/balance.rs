@@ -60,15 +60,21 @@ pub(super) fn over_balance(held: usize, loads: &BTreeMap<String, usize>, me: &st
 }
 
 /// Whether this replica, holding `held` Leases of its `share`, tries to take `lease` (`None`:
-/// not created yet) while another holds `fewest_elsewhere` at the least. A live holder's is
-/// left alone. A free or lapsed one is taken while this replica holds less than its share and
-/// no more than any other (the replica holding fewest takes first: one that just joined gets
-/// what the others hand over); past that, only once it has stayed free longer than a Lease
-/// lasts (no other replica took it: a link is never left without a holder for balance).
+/// not created yet) while another holds `fewest_elsewhere` at the least, its view of the link
+/// `synced` or not ([`super::Links::synced`]). A live holder's is left alone. A free or lapsed
+/// one is taken while this replica holds less than its share and no more than any other (the
+/// replica holding fewest takes first: one that just joined gets what the others hand over),
+/// and its view holds the last holder's (taken over before, the link's versions would go on
+/// below the last holder's, and every other replica's consumers would have to relist). Past
+/// that, a Lease is taken only once it has stayed free longer than a Lease lasts (no other
+/// replica took it: a link is never left without a holder for balance, nor for a view that
+/// cannot sync); half as long for a replica under its share whose view has not synced, so
+/// that it takes the link before one at its share would (which would hand it over again).
 pub(super) fn worth_taking(
     lease: Option<&Lease>,
     (held, share): (usize, usize),
     fewest_elsewhere: Option<usize>,
+    synced: bool,
     now: jiff::Timestamp,
     timing: LeaseTiming,
 ) -> bool {
@@ -78,12 +84,17 @@ pub(super) fn worth_taking(
     if decide(Some(spec), "", now) == Decision::Leave {
         return false;
     }
-    if held < share && fewest_elsewhere.is_none_or(|f| held <= f) {
+    let under_share = held < share && fewest_elsewhere.is_none_or(|f| held <= f);
+    if under_share && synced {
         return true;
     }
     let lasts =
         jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    let grace = jiff::SignedDuration::try_from(timing.duration).unwrap_or_default();
+    let grace = match under_share {
+        true => timing.duration / 2,
+        false => timing.duration,
+    };
+    let grace = jiff::SignedDuration::try_from(grace).unwrap_or_default();
     let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
     renewed.is_none_or(|t| t.0 + lasts + grace < now)
 }
@@ -105,44 +116,72 @@ mod tests {
         assert_eq!(share(4, 0), 4, "no replica seen: this one holds everything");
     }
 
+    /// A Lease renewed `secs_ago` before `now` for `lasts` seconds: given back (no holder,
+    /// as a replica gives one back: for 1 s), or `holder`'s.
+    fn lease(holder: Option<&str>, lasts: i32, secs_ago: i64, now: jiff::Timestamp) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(Into::into),
+                lease_duration_seconds: Some(lasts),
+                renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(secs_ago))),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
     /// A replica under its share takes a free Lease; at its share it leaves it for one under
     /// its share, unless nobody took it for longer than a Lease lasts; a live holder's it
     /// never takes.
     #[test]
     fn a_free_lease_is_taken_by_a_replica_under_its_share() {
         let now = jiff::Timestamp::now();
-        let timing = LeaseTiming::default();
-        let lease = |spec: LeaseSpec| Lease {
-            spec: Some(spec),
-            ..Lease::default()
+        // Held, share; the fewest another holds; its view synced.
+        let takes = |lease: Option<&Lease>, load, fewest| {
+            worth_taking(lease, load, fewest, true, now, LeaseTiming::default())
         };
-        let given_back = |secs_ago: i64| LeaseSpec {
-            holder_identity: None,
-            lease_duration_seconds: Some(1),
-            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(secs_ago))),
-            ..LeaseSpec::default()
-        };
-        let fresh = lease(given_back(0));
-        assert!(worth_taking(Some(&fresh), (0, 1), None, now, timing));
-        assert!(!worth_taking(Some(&fresh), (1, 1), None, now, timing));
+        let fresh = lease(None, 1, 0, now);
+        assert!(takes(Some(&fresh), (0, 1), None));
+        assert!(!takes(Some(&fresh), (1, 1), None));
         assert!(
-            !worth_taking(Some(&fresh), (1, 2), Some(0), now, timing),
+            !takes(Some(&fresh), (1, 2), Some(0)),
             "left for the replica holding fewer"
         );
-        assert!(worth_taking(Some(&fresh), (1, 2), Some(1), now, timing));
-        let long_free = lease(given_back(60));
-        assert!(worth_taking(Some(&long_free), (1, 1), Some(0), now, timing));
-        let live = lease(LeaseSpec {
-            holder_identity: Some("replica-b".into()),
-            lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(1))),
-            ..LeaseSpec::default()
-        });
-        assert!(!worth_taking(Some(&live), (0, 5), None, now, timing));
+        assert!(takes(Some(&fresh), (1, 2), Some(1)));
+        let long_free = lease(None, 1, 60, now);
+        assert!(takes(Some(&long_free), (1, 1), Some(0)));
+        let live = lease(Some("replica-b"), 15, 1, now);
+        assert!(!takes(Some(&live), (0, 5), None));
+        assert!(takes(None, (3, 1), None), "a Lease nobody made yet");
+    }
+
+    /// A replica whose view of the link does not hold its last holder's (it joined and has
+    /// not synced from the holder yet) leaves a Lease just given back, or just lapsed, to one
+    /// whose view does, though it holds fewest; it takes it once it has stayed free half a
+    /// Lease duration longer than it lasts (before a replica at its share would), and a Lease
+    /// nobody made at once.
+    #[test]
+    fn a_replica_that_has_not_synced_the_holders_view_waits_before_taking_its_lease() {
+        let now = jiff::Timestamp::now();
+        // Held, share; its view synced (nobody else holds fewer).
+        let takes = |lease: Option<&Lease>, load, synced| {
+            worth_taking(lease, load, None, synced, now, LeaseTiming::default())
+        };
+        let given_back = lease(None, 1, 0, now);
+        assert!(takes(Some(&given_back), (0, 1), true));
+        assert!(!takes(Some(&given_back), (0, 1), false));
+        let lapsed = lease(Some("replica-b"), 15, 16, now);
+        assert!(takes(Some(&lapsed), (0, 1), true));
+        assert!(!takes(Some(&lapsed), (0, 1), false));
+        let free_10_s = lease(None, 1, 10, now);
+        assert!(takes(Some(&free_10_s), (0, 1), false));
         assert!(
-            worth_taking(None, (3, 1), None, now, timing),
-            "a Lease nobody made yet"
+            !takes(Some(&free_10_s), (1, 1), true),
+            "one at its share takes it later"
         );
+        let long_lapsed = lease(Some("replica-b"), 15, 60, now);
+        assert!(takes(Some(&long_lapsed), (0, 1), false));
+        assert!(takes(None, (0, 1), false), "a Lease nobody made yet");
     }
 
     /// Four links over three replicas held 2, 2, 0: the first of the two holding two hands
