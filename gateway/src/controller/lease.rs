@@ -309,7 +309,7 @@ pub async fn run(
     Links {
         mut links,
         reading,
-        synced,
+        mut synced,
     }: Links,
     held: watch::Sender<BTreeSet<String>>,
     seen: Writer<Lease>,
@@ -330,8 +330,10 @@ pub async fn run(
             _ = shutdown.changed() => break,
             _ = tick.tick() => {}
             Some(()) = freed.next() => {}
-            // A link wanted anew is tried at once, not at the next renewal.
+            // A link wanted anew is tried at once, not at the next renewal; so is one whose
+            // view has just synced (the Lease handed to it may be free already).
             Ok(()) = links.changed() => {}
+            Ok(()) = synced.changed() => {}
         }
         if let Err(e) = try_hold_named(&api, presence.clone(), &me, timing).await {
             tracing::warn!(error = %e, "cannot renew this replica's presence Lease");
