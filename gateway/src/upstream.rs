@@ -108,9 +108,18 @@ pub struct UpstreamCounters {
     pub followed_snapshots: AtomicU64,
     /// See [`UpstreamCounters::followed_snapshots`].
     pub followed_changes: AtomicU64,
+    /// Notified when the watchers or the follower count something ([`Self::touch`]), so that
+    /// the link's task, which sleeps while the link is idle, publishes its state again.
+    pub touched: tokio::sync::Notify,
 }
 
 impl UpstreamCounters {
+    /// Says that something was counted (or is about to be): the link publishes its state
+    /// again within [`crate::link`]'s state refresh (a second).
+    pub fn touch(&self) {
+        self.touched.notify_one();
+    }
+
     /// Objects applied or deleted of `kind` so far.
     pub fn events_of(&self, kind: Kind) -> u64 {
         kind_index(kind).map_or(0, |i| self.events[i].load(Ordering::Relaxed))

@@ -394,10 +394,10 @@ impl View {
         s.history_len = 0;
     }
 
-    /// Forgets changes published before `cutoff` (the history's age bound; the engine calls
-    /// this as time passes). A resume from before them gets 410 Expired.
+    /// Forgets changes published at or before `cutoff` (the history's age bound; the engine
+    /// calls this as time passes). A resume from before them gets 410 Expired.
     pub fn expire_history(&self, cutoff: Instant) {
-        let old = |s: &Shelf| s.history.front().is_some_and(|(t, _)| *t < cutoff);
+        let old = |s: &Shelf| s.history.front().is_some_and(|(t, _)| *t <= cutoff);
         if !self.read().shelves.iter().any(old) {
             return;
         }
@@ -410,6 +410,14 @@ impl View {
             }
         }
         s.history_len -= dropped;
+    }
+
+    /// When the oldest change the history holds was published: the engine wakes to expire it
+    /// when nothing else wakes it.
+    pub fn oldest_change(&self) -> Option<Instant> {
+        (self.read().shelves.iter())
+            .filter_map(|s| s.history.front().map(|(t, _)| *t))
+            .min()
     }
 
     /// Checks that this view issued or followed `resource_version` (it may be older than the

@@ -198,9 +198,12 @@ impl Rate {
         self.check(now)
     }
 
-    /// When the current bucket closes, if one is open.
+    /// When the open bucket closes, if closing it changes anything: it counted events, or
+    /// the last one did, or a run is on. An idle detector asks for no wake-up (the next event
+    /// closes the buckets it skipped, to the same state), so an idle link sleeps.
     pub fn next_boundary(&self) -> Option<Instant> {
-        self.bucket_start.map(|s| s + BUCKET)
+        let idle = self.in_bucket == 0 && self.last_bucket == 0 && self.run_since.is_none();
+        self.bucket_start.filter(|_| !idle).map(|s| s + BUCKET)
     }
 
     fn roll(&mut self, now: Instant) {
@@ -376,5 +379,33 @@ mod tests {
         let later = start + Duration::from_secs(20);
         assert_eq!(r.tick(later), None);
         assert!(r.record(later).is_none());
+    }
+
+    /// The detector asks to be woken while closing a bucket changes what it says (the bucket
+    /// that counted events, then the empty one after it), and not while idle; the next event
+    /// after a long sleep finds the same state as a detector woken every second.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_rate_asks_for_no_wake_up_and_says_the_same() {
+        let mut r = Rate::new(10, Duration::from_secs(3));
+        let start = Instant::now();
+        assert_eq!(r.next_boundary(), None, "never counted");
+        r.record_n(start, 5);
+        assert_eq!(r.next_boundary(), Some(start + BUCKET));
+        r.tick(start + BUCKET);
+        assert_eq!(r.last_second(), 5);
+        assert_eq!(r.next_boundary(), Some(start + 2 * BUCKET));
+        r.tick(start + 2 * BUCKET);
+        assert_eq!(r.last_second(), 0);
+        assert_eq!(r.next_boundary(), None, "idle");
+        let mut woken = r.clone();
+        for s in 3..60 {
+            woken.tick(start + BUCKET * s);
+        }
+        let later = start + Duration::from_millis(60_500);
+        assert_eq!(r.record(later), woken.record(later));
+        assert_eq!(
+            (r.last_second(), r.next_boundary()),
+            (woken.last_second(), woken.next_boundary())
+        );
     }
 }

@@ -42,10 +42,12 @@ impl Engine {
             }
         }
         let all_synced = self.sync.all();
+        let expiry = (self.view().oldest_change()).map(|t| t + DEFAULT_HISTORY_AGE);
         let deadlines = [
             self.machine.next_deadline(),
             self.containment.next_deadline(),
             self.flood.link.next_boundary(),
+            expiry,
         ];
         if self.machine.is_frozen() || !all_synced || self.following {
             return earliest(deadlines);
@@ -73,6 +75,7 @@ impl Engine {
             self.schedule.next_wake(),
             self.containment.next_deadline(),
             self.flood.link.next_boundary(),
+            expiry,
         ])
     }
 

@@ -65,6 +65,7 @@ pub(super) async fn follow(
                     .health
                     .failed(format_args!("following the Lease holder: {e:#}"));
                 counters.errors.fetch_add(1, Ordering::Relaxed);
+                counters.touch();
             }
         }
         tokio::time::sleep(backoffs.next().unwrap_or(Duration::from_secs(3))).await;
@@ -123,6 +124,7 @@ async fn follow_once(
         let line = line?;
         heard = true;
         counters.health.answered();
+        counters.touch();
         match Frame::parse(&line)? {
             Frame::Sync => snapshot = Some(Vec::new()),
             Frame::Synced(rv) => {

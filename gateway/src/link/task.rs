@@ -64,7 +64,16 @@ enum Happened<R> {
     /// A deadline of the engine, a pod fetch ending, or the remote's health changing: the engine
     /// is polled and the state published.
     Woken,
+    /// The watchers or the follower counted something ([`UpstreamCounters::touch`]): the state
+    /// is published, and counts wake the task again only after [`STATE_REFRESH`].
+    Counted,
+    /// [`STATE_REFRESH`] has passed since the last [`Happened::Counted`].
+    Rearmed,
 }
+
+/// How often, at most, a link publishes its state again for what its watchers and its
+/// follower count; an idle link is not woken at all.
+const STATE_REFRESH: Duration = Duration::from_secs(1);
 
 /// A running link.
 pub(super) struct LinkTask<W: Wire> {
@@ -100,6 +109,8 @@ pub(super) struct LinkTask<W: Wire> {
     mirrored: watch::Sender<bool>,
     mirrored_rx: watch::Receiver<bool>,
     next_wake: Option<Instant>,
+    /// Until when counts do not wake the task ([`Happened::Counted`]); `None`: they do.
+    counts_wake_at: Option<Instant>,
     transitions: Tally,
     /// When the link began, until its first sync is logged.
     first_sync: Option<Instant>,
@@ -149,6 +160,7 @@ impl<W: Wire> LinkTask<W> {
             mirrored,
             mirrored_rx,
             next_wake: None,
+            counts_wake_at: None,
             transitions: Tally::default(),
             first_sync: Some(now),
             answer: None,
@@ -185,6 +197,12 @@ impl<W: Wire> LinkTask<W> {
             Some(_) = self.fetches.join_next(), if !self.fetches.is_empty() => Happened::Woken,
             Ok(()) = self.health.changed() => Happened::Woken,
             Ok(()) = self.mirrored_rx.changed() => Happened::Woken,
+            () = self.counters.touched.notified(), if self.counts_wake_at.is_none() => {
+                Happened::Counted
+            }
+            () = sleep_until(self.counts_wake_at.unwrap_or(far)), if self.counts_wake_at.is_some() => {
+                Happened::Rearmed
+            }
         }
     }
 
@@ -200,6 +218,8 @@ impl<W: Wire> LinkTask<W> {
             Happened::Connected(dialed) => self.connected(dialed),
             Happened::Changed(first) => self.changed(first),
             Happened::Woken => {}
+            Happened::Counted => self.counts_wake_at = Some(Instant::now() + STATE_REFRESH),
+            Happened::Rearmed => self.counts_wake_at = None,
         }
         let now = Instant::now();
         self.next_wake = self.engine.poll(now);

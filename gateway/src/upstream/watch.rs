@@ -73,6 +73,7 @@ struct Running(Arc<UpstreamCounters>);
 impl Running {
     fn start(counters: Arc<UpstreamCounters>) -> Self {
         counters.watchers.fetch_add(1, Ordering::Relaxed);
+        counters.touch();
         Self(counters)
     }
 }
@@ -80,6 +81,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.0.watchers.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
     }
 }
 
@@ -276,6 +278,8 @@ where
         self.set_strategy(self.strategy);
         let mut stream = self.open();
         while let Some(item) = stream.next().await {
+            // Whatever the item, it is counted: the link publishes its state again.
+            self.counters.touch();
             let change = match item {
                 Ok(event) => self.change(event),
                 Err(e) => {

@@ -145,3 +145,35 @@ async fn another_kinds_first_change_takes_a_coalescing_burst_with_it() {
     e.poll(Instant::now());
     assert_eq!(kinds(&mut rx), []);
 }
+
+/// A link with nothing to do sleeps: after a change is published, the engine asks to be woken
+/// only to close the rate buckets that counted it (the second after it, and the empty one
+/// after that), then once for each of its history's changes to expire, and then never.
+#[tokio::test(start_paused = true)]
+async fn an_idle_link_wakes_only_to_close_its_rate_and_expire_its_history() {
+    let (mut e, mut rx) = quiet_service().await;
+    let changed = Instant::now();
+    apply(&mut e, mk_pod("a-1", "Pending"));
+    let mut next = e.poll(changed);
+    assert_eq!(kinds(&mut rx), [Kind::Pod]);
+    let mut wakes = Vec::new();
+    while let Some(at) = next {
+        assert!(wakes.len() < 10, "an idle link keeps waking: {wakes:?}");
+        time::advance(at.saturating_duration_since(Instant::now())).await;
+        wakes.push(at - changed);
+        next = e.poll(Instant::now());
+    }
+    let age = crate::view::DEFAULT_HISTORY_AGE;
+    let (rate, history): (Vec<Duration>, Vec<Duration>) =
+        wakes.iter().partition(|d| **d <= 2 * BUCKET);
+    assert!(rate.len() <= 2, "the rate's buckets: {wakes:?}");
+    assert!(
+        !history.is_empty() && history.iter().all(|d| *d >= age - BUCKET && *d <= age),
+        "the history's changes, as they turn {age:?} old (the first sync's a second before \
+         the change): {wakes:?}"
+    );
+    assert_eq!(e.view().oldest_change(), None, "the history expired");
+    assert_eq!(kinds(&mut rx), [], "and nothing was published meanwhile");
+}
+
+const BUCKET: Duration = Duration::from_secs(1);
