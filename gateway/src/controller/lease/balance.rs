@@ -90,9 +90,10 @@ pub(super) fn worth_taking(
     }
     let lasts =
         jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    let grace = match under_share {
-        true => timing.duration / 2,
-        false => timing.duration,
+    let grace = if under_share {
+        timing.duration / 2
+    } else {
+        timing.duration
     };
     let grace = jiff::SignedDuration::try_from(grace).unwrap_or_default();
     let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
