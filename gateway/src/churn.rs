@@ -183,7 +183,10 @@ impl Engine {
     /// An engine for a validated spec, following `kinds` upstream, publishing into `view`.
     pub fn new(spec: &LinkSpec, kinds: &[Kind], view: View, now: Instant) -> Self {
         Self {
-            store: Store::new(&spec.select.services),
+            store: Store::new(
+                &spec.select.services,
+                spec.caps.max_endpoints_per_service as usize,
+            ),
             schedule: Scheduler::new(spec, now),
             publisher: Publisher::new(
                 view,

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::model::{EndpointsObject, SliceObject};
+use crate::model::{EndpointsObject, HeldSlice, SliceObject};
 
 /// What the cap kept of a service.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -78,9 +78,10 @@ pub fn keys<'a>(
 }
 
 /// Caps a service's slices and Endpoints to `max` endpoints each, sticking to `previous` (the
-/// [`keys`] of what it published).
+/// [`keys`] of what it published). A slice held deflated is thawed only when it keeps an
+/// endpoint.
 pub fn cap(
-    slices: &[Arc<SliceObject>],
+    slices: &[&HeldSlice],
     endpoints: Option<&Arc<EndpointsObject>>,
     previous: &HashSet<&str>,
     max: usize,
@@ -96,10 +97,7 @@ pub fn cap(
 
     // Slices: the same address may appear in two slices (dual-stack uses one per family).
     let (chosen, distinct) = choose(
-        slices
-            .iter()
-            .flat_map(|s| s.endpoints())
-            .map(|e| (e.key(), e.is_ready())),
+        slices.iter().flat_map(|s| s.endpoints()),
         previous,
         &listed,
         max,
@@ -107,13 +105,15 @@ pub fn cap(
     out.total = distinct;
     out.truncated = out.total.saturating_sub(chosen.len());
     for slice in slices {
-        let eps = slice.endpoints();
-        let kept = eps.clone().filter(|e| chosen.contains(e.key())).count();
-        if kept == eps.len() {
-            out.slices.push(slice.clone());
+        let kept = slice
+            .endpoints()
+            .filter(|(k, _)| chosen.contains(k))
+            .count();
+        if kept == slice.len() {
+            out.slices.push(slice.whole());
         } else if kept > 0 {
             out.slices
-                .push(Arc::new(slice.retain(|e| chosen.contains(e.key()))));
+                .push(Arc::new(slice.retain(|k| chosen.contains(k))));
         }
     }
     let in_slices = &chosen;
@@ -167,6 +167,17 @@ mod tests {
         }))
     }
 
+    /// [`cap`] over `slices` held whole.
+    fn cap_whole(
+        slices: &[Arc<SliceObject>],
+        endpoints: Option<&Arc<EndpointsObject>>,
+        previous: &HashSet<&str>,
+        max: usize,
+    ) -> Capped {
+        let held: Vec<HeldSlice> = slices.iter().cloned().map(HeldSlice::Whole).collect();
+        cap(&held.iter().collect::<Vec<_>>(), endpoints, previous, max)
+    }
+
     fn ips(c: &Capped) -> Vec<String> {
         let published = keys(&c.slices, c.endpoints.as_ref());
         assert_eq!(published.len(), c.published, "the count of what it kept");
@@ -178,7 +189,7 @@ mod tests {
     #[test]
     fn under_the_cap_everything_passes_unchanged() {
         let slices = [mk_slice("a", &[("10.0.0.1", true), ("10.0.0.2", false)])];
-        let c = cap(&slices, None, &HashSet::new(), 5);
+        let c = cap_whole(&slices, None, &HashSet::new(), 5);
         assert!(
             Arc::ptr_eq(&c.slices[0], &slices[0]),
             "an uncapped slice is shared, not copied"
@@ -210,7 +221,7 @@ mod tests {
             }]),
             ..Default::default()
         }));
-        let c = cap(&slices, Some(&truncated), &HashSet::new(), 10);
+        let c = cap_whole(&slices, Some(&truncated), &HashSet::new(), 10);
         assert_eq!(
             ips(&c),
             all[10..],
@@ -229,7 +240,7 @@ mod tests {
             "a",
             &[("10.0.0.3", true), ("10.0.0.1", false), ("10.0.0.2", true)],
         )];
-        let c = cap(&slices, None, &HashSet::new(), 2);
+        let c = cap_whole(&slices, None, &HashSet::new(), 2);
         assert_eq!(ips(&c), ["10.0.0.2", "10.0.0.3"]);
         assert_eq!((c.total, c.truncated), (3, 1));
     }
@@ -246,7 +257,7 @@ mod tests {
                 ("10.0.0.2", true),
             ],
         )];
-        let c = cap(&slices, None, &prev, 2);
+        let c = cap_whole(&slices, None, &prev, 2);
         assert_eq!(
             ips(&c),
             ["10.0.0.8", "10.0.0.9"],
@@ -260,7 +271,7 @@ mod tests {
             mk_slice("a", &[("10.0.0.1", true)]),
             mk_slice("b", &[("10.0.0.5", false)]),
         ];
-        let c = cap(&slices, None, &HashSet::new(), 1);
+        let c = cap_whole(&slices, None, &HashSet::new(), 1);
         assert_eq!(c.slices.len(), 1);
         assert_eq!(c.slices[0].metadata().name.as_deref(), Some("a"));
     }
@@ -273,8 +284,28 @@ mod tests {
             mk_slice("a", &[("10.0.0.1", true), ("10.0.0.2", true)]),
             mk_slice("b", &[("10.0.0.1", false), ("10.0.0.3", true)]),
         ];
-        let c = cap(&slices, None, &HashSet::new(), 3);
+        let c = cap_whole(&slices, None, &HashSet::new(), 3);
         assert_eq!(ips(&c), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
         assert_eq!((c.total, c.truncated), (3, 0));
+    }
+
+    /// The cap chooses alike from slices held deflated: the same endpoints, the same slices,
+    /// those it keeps whole thawed and those it cuts written from the deflated JSON.
+    #[test]
+    fn deflated_slices_are_capped_as_whole_ones() {
+        let slices = [
+            mk_slice("a", &[("10.0.0.1", true), ("10.0.0.4", false)]),
+            mk_slice("b", &[("10.0.0.2", true), ("10.0.0.3", true)]),
+            mk_slice("c", &[("10.0.0.5", true)]),
+            mk_slice("d", &[("10.0.0.6", false)]),
+        ];
+        let prev: HashSet<&str> = ["10.0.0.5"].into();
+        let whole = cap_whole(&slices, None, &prev, 3);
+        let mut held: Vec<HeldSlice> = slices.iter().cloned().map(HeldSlice::Whole).collect();
+        held.iter_mut().for_each(|s| s.reform(false));
+        assert!(held.iter().all(|s| matches!(s, HeldSlice::Deflated(_))));
+        let deflated = cap(&held.iter().collect::<Vec<_>>(), None, &prev, 3);
+        assert_eq!(ips(&deflated), ["10.0.0.1", "10.0.0.2", "10.0.0.5"]);
+        assert_eq!(deflated, whole, "the same choice, the same slices");
     }
 }

@@ -5,7 +5,9 @@
 //! given, and only the pods the engine wants: those behind endpoints the cap publishes (the
 //! engine checks before it hands a pod over, see [`super::publish`]). A pod nobody wants costs
 //! its decoding and a hash lookup, nothing more: that keeps a flood of pods, behind an
-//! unselected service or behind a selected one's withheld endpoints, out of memory.
+//! unselected service or behind a selected one's withheld endpoints, out of memory. The slices
+//! of a service with more endpoints than the cap are held deflated ([`HeldSlice`]): the cap
+//! reads their keys as they are and thaws only those it keeps an endpoint of.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -15,8 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
 use crate::model::{
-    EndpointsObject, Group, Kind, NsName, ObjKey, Object, PodObject, Server, SliceEndpoint,
-    SliceObject,
+    EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject, Server,
+    SliceEndpoint, SliceObject,
 };
 
 /// What a change touched.
@@ -40,8 +42,11 @@ pub struct Store {
     /// The Link's service selector; `None` when it does not parse (validation refuses such a
     /// spec, so this is a last defence): then nothing is selected rather than everything.
     selector: Option<Selector>,
+    /// The cap (`caps.maxEndpointsPerService`): the slices of a service with more endpoints
+    /// upstream are held deflated (`model::DeflatedSlice`), for the cap to choose from.
+    max_endpoints: usize,
     services: HashMap<NsName, Arc<Service>>,
-    slices: HashMap<NsName, Arc<SliceObject>>,
+    slices: HashMap<NsName, HeldSlice>,
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
     endpoints: HashMap<NsName, Arc<EndpointsObject>>,
     pods: HashMap<NsName, Arc<PodObject>>,
@@ -53,10 +58,12 @@ pub struct Store {
 }
 
 impl Store {
-    /// An empty cache selecting services with `selector`.
-    pub fn new(selector: &LabelSelector) -> Self {
+    /// An empty cache selecting services with `selector`, for a cap of `max_endpoints` a
+    /// service.
+    pub fn new(selector: &LabelSelector, max_endpoints: usize) -> Self {
         Self {
             selector: Selector::try_from(selector.clone()).ok(),
+            max_endpoints,
             services: HashMap::new(),
             slices: HashMap::new(),
             slices_by_service: HashMap::new(),
@@ -105,7 +112,7 @@ impl Store {
     pub fn clear(&mut self) {
         *self = Self {
             selector: std::mem::take(&mut self.selector),
-            ..Self::new(&LabelSelector::default())
+            ..Self::new(&LabelSelector::default(), self.max_endpoints)
         };
     }
 
@@ -184,14 +191,22 @@ impl Store {
             Some(Object::EndpointSlice(s)) => Some(s),
             _ => None,
         };
-        t.endpoints_changed = endpoints_changed(old.as_deref(), new.as_deref());
-        let old_svc = old.as_deref().and_then(SliceObject::service);
+        t.endpoints_changed = endpoints_changed(old.as_ref(), new.as_deref());
+        let old_svc = old.as_ref().and_then(HeldSlice::service);
         let new_svc = new.as_deref().and_then(SliceObject::service);
+        let capped_before = [&old_svc, &new_svc].map(|s| s.as_ref().map(|s| self.capped(s)));
+        if let (Some(o), Some(svc)) = (&old, &old_svc) {
+            self.release_slice(id, o, svc, new_svc.as_ref() != Some(svc));
+        }
         if let (Some(n), Some(svc)) = (new, &new_svc) {
             self.hold_slice(id, n, svc, old_svc.as_ref() != Some(svc));
         }
-        if let (Some(o), Some(svc)) = (&old, &old_svc) {
-            self.release_slice(id, o, svc, new_svc.as_ref() != Some(svc));
+        for (svc, before) in [&old_svc, &new_svc].into_iter().zip(capped_before) {
+            if let Some(svc) = svc
+                && before != Some(self.capped(svc))
+            {
+                self.reform(svc);
+            }
         }
         for svc in [old_svc, new_svc].into_iter().flatten() {
             if self.is_selected(&svc) {
@@ -206,6 +221,7 @@ impl Store {
 
     /// Holds slice `id` of `svc`, counting its endpoints; `moved` when `svc` did not hold it
     /// before (a new slice, or one whose service label changed).
+    /// The slice is held deflated when that leaves its service over the cap.
     fn hold_slice(&mut self, id: &NsName, slice: Arc<SliceObject>, svc: &NsName, moved: bool) {
         *self.slice_endpoints.entry(svc.clone()).or_default() += slice.endpoints().len();
         if moved {
@@ -214,14 +230,32 @@ impl Store {
                 .or_default()
                 .insert(id.clone());
         }
-        self.slices.insert(id.clone(), slice);
+        let mut held = HeldSlice::Whole(slice);
+        held.reform(!self.capped(svc));
+        self.slices.insert(id.clone(), held);
+    }
+
+    /// True when `svc` has more endpoints upstream than the cap publishes.
+    fn capped(&self, svc: &NsName) -> bool {
+        self.endpoint_count(svc) > self.max_endpoints
+    }
+
+    /// Holds every slice of `svc` as its count says (see [`Self::hold_slice`]): once, as it
+    /// crosses the cap.
+    fn reform(&mut self, svc: &NsName) {
+        let whole = !self.capped(svc);
+        for id in self.slices_by_service.get(svc).into_iter().flatten() {
+            if let Some(s) = self.slices.get_mut(id) {
+                s.reform(whole);
+            }
+        }
     }
 
     /// Takes what slice `id` of `svc` was (`old`) off its service's endpoint count; `moved`
     /// when `svc` holds it no more (deleted, or its service label changed).
-    fn release_slice(&mut self, id: &NsName, old: &SliceObject, svc: &NsName, moved: bool) {
+    fn release_slice(&mut self, id: &NsName, old: &HeldSlice, svc: &NsName, moved: bool) {
         if let Some(n) = self.slice_endpoints.get_mut(svc) {
-            *n = n.saturating_sub(old.endpoints().len());
+            *n = n.saturating_sub(old.len());
             if *n == 0 {
                 self.slice_endpoints.remove(svc);
             }
@@ -319,12 +353,12 @@ impl Store {
     }
 
     /// A service's slices, in name order.
-    pub fn slices_of(&self, svc: &NsName) -> Vec<Arc<SliceObject>> {
+    pub fn slices_of(&self, svc: &NsName) -> Vec<&HeldSlice> {
         self.slices_by_service
             .get(svc)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.slices.get(k).cloned())
+            .filter_map(|k| self.slices.get(k))
             .collect()
     }
 
@@ -364,8 +398,11 @@ impl Store {
 }
 
 /// Endpoints that differ between two states of a slice: added, removed, or changed (matched
-/// by their first address; a new address is a removal and an addition).
-fn endpoints_changed(old: Option<&SliceObject>, new: Option<&SliceObject>) -> usize {
+/// by their first address; a new address is a removal and an addition). A state held deflated
+/// is thawed to compare.
+fn endpoints_changed(old: Option<&HeldSlice>, new: Option<&SliceObject>) -> usize {
+    let old = old.map(HeldSlice::whole);
+    let old = old.as_deref();
     fn by_address(s: Option<&SliceObject>) -> HashMap<&str, SliceEndpoint<'_>> {
         s.into_iter()
             .flat_map(SliceObject::endpoints)
@@ -485,16 +522,107 @@ mod tests {
         };
         let a = slice(&[(1, true), (2, true), (3, true)]);
         assert_eq!(endpoints_changed(None, Some(&a)), 3, "all added");
-        let same = slice(&[(1, true), (2, true), (3, true)]);
-        assert_eq!(endpoints_changed(Some(&a), Some(&same)), 0);
-        let flipped = slice(&[(1, false), (2, true), (3, false)]);
-        assert_eq!(endpoints_changed(Some(&a), Some(&flipped)), 2, "two flips");
-        let moved = slice(&[(1, true), (2, true), (4, true)]);
-        assert_eq!(
-            endpoints_changed(Some(&a), Some(&moved)),
-            2,
-            "one gone, one new"
+        let mut deflated = HeldSlice::Whole(a.clone());
+        deflated.reform(false);
+        // Held either way, the old state counts alike.
+        for old in [HeldSlice::Whole(a), deflated] {
+            let same = slice(&[(1, true), (2, true), (3, true)]);
+            assert_eq!(endpoints_changed(Some(&old), Some(&same)), 0);
+            let flipped = slice(&[(1, false), (2, true), (3, false)]);
+            assert_eq!(
+                endpoints_changed(Some(&old), Some(&flipped)),
+                2,
+                "two flips"
+            );
+            let moved = slice(&[(1, true), (2, true), (4, true)]);
+            assert_eq!(
+                endpoints_changed(Some(&old), Some(&moved)),
+                2,
+                "one gone, one new"
+            );
+            assert_eq!(endpoints_changed(Some(&old), None), 3, "all removed");
+        }
+    }
+
+    /// A service's slices are held deflated while it has more endpoints upstream than the cap,
+    /// all of them from the change that takes it over, and whole again from the one that
+    /// brings it back.
+    #[test]
+    fn a_service_over_the_cap_has_its_slices_held_deflated() {
+        use crate::churn::tests::mk_slice;
+        let mut store = Store::new(&LabelSelector::default(), 4);
+        let key = |name: &str| ObjKey {
+            kind: Kind::EndpointSlice,
+            id: NsName::new("ns", name),
+        };
+        let forms = |store: &Store| -> Vec<(String, bool)> {
+            let svc = NsName::new("ns", "web");
+            let mut v: Vec<(String, bool)> = (store.slices_by_service.get(&svc).into_iter())
+                .flatten()
+                .map(|id| {
+                    let whole = matches!(store.slices[id], HeldSlice::Whole(_));
+                    (id.name.to_string(), whole)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        store.change(
+            &key("web-a"),
+            Some(mk_slice("web", "web-a", &[(1, true), (2, true)])),
         );
-        assert_eq!(endpoints_changed(Some(&a), None), 3, "all removed");
+        store.change(
+            &key("web-b"),
+            Some(mk_slice("web", "web-b", &[(3, true), (4, true)])),
+        );
+        assert_eq!(
+            forms(&store),
+            [("web-a".into(), true), ("web-b".into(), true)],
+            "at the cap, whole"
+        );
+        store.change(&key("web-c"), Some(mk_slice("web", "web-c", &[(5, false)])));
+        assert_eq!(
+            forms(&store),
+            [
+                ("web-a".into(), false),
+                ("web-b".into(), false),
+                ("web-c".into(), false)
+            ],
+            "over it, every slice deflated"
+        );
+        let listed = |store: &Store| -> usize {
+            let svc = NsName::new("ns", "web");
+            store.slices_of(&svc).iter().map(|s| s.len()).sum()
+        };
+        assert_eq!(listed(&store), 5);
+        store.change(
+            &key("web-c"),
+            Some(mk_slice("web", "web-c", &[(5, false), (6, true)])),
+        );
+        assert!(matches!(
+            store.slices[&NsName::new("ns", "web-c")],
+            HeldSlice::Deflated(_)
+        ));
+        assert_eq!(
+            listed(&store),
+            6,
+            "a deflated slice changed is held as it is now"
+        );
+        store.change(&key("web-a"), None);
+        assert_eq!(
+            forms(&store),
+            [("web-b".into(), true), ("web-c".into(), true)],
+            "back at the cap, whole again"
+        );
+        let HeldSlice::Whole(c) = &store.slices[&NsName::new("ns", "web-c")] else {
+            unreachable!("asserted whole above")
+        };
+        assert_eq!(
+            c.endpoints()
+                .map(|e| (e.key(), e.is_ready()))
+                .collect::<Vec<_>>(),
+            [("10.0.0.5", false), ("10.0.0.6", true)],
+            "thawed as it was deflated"
+        );
     }
 }

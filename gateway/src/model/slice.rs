@@ -256,6 +256,28 @@ impl Build {
     }
 }
 
+/// A slice written from `json` (a [`SliceObject`]'s, whose `endpoints` array opens at
+/// `endpoints_at`): everything but the endpoints copied as it is written, then, when `open`,
+/// an `endpoints` array of `endpoints` (each one's JSON, key and readiness).
+fn rebuild<'a>(
+    json: &str,
+    (endpoints_at, open): (Option<u32>, bool),
+    endpoints: impl Iterator<Item = (&'a str, &'a str, bool)>,
+    id: (NsName, Option<Arc<str>>),
+) -> SliceObject {
+    let json = json.as_bytes();
+    let head = match endpoints_at {
+        Some(at) => &json[..at as usize - r#","endpoints":"#.len()],
+        // Without its closing brace.
+        None => &json[..json.len() - 1],
+    };
+    let mut b = Build::new(json.len() + 16, |b| b.extend_from_slice(head), open);
+    for (e, key, ready) in endpoints {
+        b.endpoint(|out| out.extend_from_slice(e.as_bytes()), key, ready);
+    }
+    b.finish(id)
+}
+
 impl From<EndpointSlice> for SliceObject {
     /// Holds `s` without its upstream `resourceVersion` and `managedFields`.
     fn from(mut s: EndpointSlice) -> Self {
@@ -340,21 +362,14 @@ impl SliceObject {
     /// The same slice with only the endpoints `keep` accepts (everything but the endpoints
     /// copied as it is written).
     pub fn retain(&self, mut keep: impl FnMut(SliceEndpoint<'_>) -> bool) -> SliceObject {
-        let json = self.json().as_bytes();
-        let head = match self.endpoints_at {
-            Some(at) => &json[..at as usize - r#","endpoints":"#.len()],
-            // Without its closing brace.
-            None => &json[..json.len() - 1],
-        };
-        let mut b = Build::new(json.len() + 16, |b| b.extend_from_slice(head), true);
-        for e in self.endpoints().filter(|e| keep(*e)) {
-            b.endpoint(
-                |out| out.extend_from_slice(e.json().as_bytes()),
-                e.key(),
-                e.is_ready(),
-            );
-        }
-        b.finish((self.id.clone(), self.service.clone()))
+        let kept = self.endpoints().filter(|e| keep(*e));
+        // A slice that listed none (`null`) lists an empty set once retained.
+        rebuild(
+            self.json(),
+            (self.endpoints_at, true),
+            kept.map(|e| (e.json(), e.key(), e.is_ready())),
+            (self.id.clone(), self.service.clone()),
+        )
     }
 
     /// The typed slice.
@@ -393,6 +408,10 @@ impl<'de> Deserialize<'de> for SliceObject {
         EndpointSlice::deserialize(d).map(Self::from)
     }
 }
+
+mod deflated;
+
+pub use deflated::{DeflatedSlice, HeldSlice};
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! cache (the capped Service, slices and Endpoints, and the pods a consumer resolves behind
 //! them), and the rules that say which pods are served.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
@@ -65,7 +65,18 @@ pub(super) fn desired_service(
 ) -> Desired {
     let slices = store.slices_of(svc);
     let kept = cap::keys(&previous.slices, previous.endpoints_object.as_ref());
-    let capped = cap::cap(&slices, store.endpoints_of(svc), &kept, max);
+    let mut capped = cap::cap(&slices, store.endpoints_of(svc), &kept, max);
+    // A slice that is as this group published it stays the one published: the view and the
+    // group share it, rather than the group hold a copy thawed or cut anew.
+    let before: HashMap<&NsName, &Arc<SliceObject>> =
+        previous.slices.iter().map(|s| (s.id(), s)).collect();
+    for s in &mut capped.slices {
+        if let Some(&p) = before.get(s.id())
+            && p == s
+        {
+            *s = p.clone();
+        }
+    }
     let mut objects = vec![Object::Service(annotated(service, &capped))];
     objects.extend(capped.slices.iter().cloned().map(Object::EndpointSlice));
     objects.extend(capped.endpoints.iter().cloned().map(Object::Endpoints));
