@@ -17,9 +17,10 @@
 //!   RESTARTS columns; `image` and `imageID`, required by the type, are left empty).
 
 //!
-//! EndpointSlices and Endpoints are held whole (the cap chooses among all of a service's
-//! endpoints, and Linkerd reads nearly every field of a kept one), each endpoint or address as
-//! its JSON ([`crate::model::SliceObject`], [`crate::model::EndpointsObject`]). Every kept
+//! EndpointSlices and Endpoints are held with every field (the cap chooses among all of a
+//! service's endpoints, and Linkerd reads nearly every field of a kept one), each endpoint or
+//! address as its JSON ([`crate::model::SliceObject`], [`crate::model::EndpointsObject`]); the
+//! slices of a service over the cap deflated ([`crate::model::DeflatedSlice`]). Every kept
 //! object's metadata (a ReplicaSet's is all Floodgate holds of it) has its owner references
 //! and finalizers shrunk to their length: a decoder grows a vector by doubling from four.
 
