@@ -72,21 +72,19 @@ fn deflate(input: &[u8]) -> Option<Vec<u8>> {
     })
 }
 
-/// `deflated` inflated: `len` bytes of UTF-8.
+/// `deflated` inflated: `len` bytes of UTF-8, in one call into a buffer of exactly that size
+/// (the length is known, so there is no loop to grow it).
 fn inflate(deflated: &[u8], len: usize) -> String {
     let out = INFLATE.with_borrow_mut(|z| {
         z.reset(false);
         let mut out = Vec::with_capacity(len);
-        loop {
-            let read = usize::try_from(z.total_in()).unwrap_or(usize::MAX);
-            let status = z
-                .decompress_vec(&deflated[read..], &mut out, FlushDecompress::Finish)
-                .expect("deflated by `deflate`, so it inflates");
-            match status {
-                Status::StreamEnd => return out,
-                _ => out.reserve(len.max(64)),
-            }
-        }
+        let status = z.decompress_vec(deflated, &mut out, FlushDecompress::Finish);
+        assert!(
+            matches!(status, Ok(Status::StreamEnd)) && out.len() == len,
+            "a slice deflated by `deflate` inflates to its {len} bytes: {status:?}, {} bytes",
+            out.len()
+        );
+        out
     });
     String::from_utf8(out).expect("deflated from a SliceObject's JSON, so it inflates to UTF-8")
 }
@@ -152,12 +150,6 @@ impl DeflatedSlice {
             kept,
             (self.id.clone(), self.service.clone()),
         )
-    }
-
-    /// The bytes it holds beyond its fixed layout: the deflated JSON, the keys and a mark an
-    /// endpoint.
-    pub fn held_bytes(&self) -> usize {
-        self.deflated.len() + self.keys.len() + std::mem::size_of_val(&*self.endpoints)
     }
 }
 
@@ -370,7 +362,10 @@ mod tests {
             .collect();
         let whole = slice(Some(eps));
         let deflated = DeflatedSlice::new(&whole).expect("deflates");
-        let held = deflated.held_bytes();
+        // The bytes it holds beyond its fixed layout: the deflated JSON, the keys, the marks.
+        let held = deflated.deflated.len()
+            + deflated.keys.len()
+            + std::mem::size_of_val(&*deflated.endpoints);
         let json = whole.json().len();
         assert!(
             held * 3 < json,
