@@ -75,6 +75,8 @@ pub struct HubOutcome {
     pub idle_cpu_percent: f64,
     /// Dials that waited for their turn (`floodgate_link_dials_paced_total`).
     pub dials_paced: u64,
+    /// Pods the links fetched one by one (`podsFetched`), in all.
+    pub pods_fetched: u64,
 }
 
 /// Starts the hub in `dir`, measures it, stops it.
@@ -154,6 +156,7 @@ async fn measure(
 ) -> anyhow::Result<HubOutcome> {
     let pid = floodgate.pid().context("floodgate's pid")?;
     let (view_bytes, upstream_objects) = served(floodgate).await?;
+    let pods_fetched = links_sum(floodgate, "podsFetched").await?;
     let (status, metrics) =
         crate::admin::call_text(floodgate.admin, "GET", "/metrics", None, "").await?;
     anyhow::ensure!(status == 200, "GET /metrics answered {status}");
@@ -185,6 +188,7 @@ async fn measure(
         per_link_beyond_json_kib: beyond,
         idle_cpu_percent,
         dials_paced,
+        pods_fetched,
     })
 }
 
@@ -211,15 +215,18 @@ async fn settle(floodgate: &crate::process::Floodgate) -> anyhow::Result<()> {
 
 /// The JSON the links serve and the objects they hold upstream, summed over `GET /links`.
 async fn served(floodgate: &crate::process::Floodgate) -> anyhow::Result<(u64, u64)> {
+    let view_bytes = links_sum(floodgate, "viewBytes").await?;
+    Ok((view_bytes, links_sum(floodgate, "objectsHeld").await?))
+}
+
+/// One of the links' counters, summed over `GET /links`.
+async fn links_sum(floodgate: &crate::process::Floodgate, field: &str) -> anyhow::Result<u64> {
     let (status, all) = crate::admin::call(floodgate.admin, "GET", "/links", None, "").await?;
     anyhow::ensure!(status == 200, "GET /links answered {status}");
     let links = all["links"].as_array().context("GET /links: no links")?;
-    let sum = |field: &str| {
-        (links.iter())
-            .map(|l| l["counters"][field].as_u64().unwrap_or_default())
-            .sum::<u64>()
-    };
-    Ok((sum("viewBytes"), sum("objectsHeld")))
+    Ok((links.iter())
+        .map(|l| l["counters"][field].as_u64().unwrap_or_default())
+        .sum())
 }
 
 /// LISTs served, the seconds from the first to the last, and the most in any 100 ms, from

@@ -70,9 +70,42 @@ pub enum Change {
     InitStart(Kind),
     /// The relist of a kind is complete.
     InitDone(Kind),
-    /// A pod fetched because the engine asked for it ([`Effect::FetchPods`]): state, not churn.
-    /// Ignored when a watch event for the pod came first (that one is newer).
-    Fetched(Object),
+    /// One pod's answer to a [`Fetch`] the engine asked for ([`Effect::FetchPods`]): state,
+    /// not churn. Ignored when a watch event for the pod came first (that one is newer).
+    Fetched(Fetched),
+}
+
+/// Pods to fetch ([`Effect::FetchPods`]); each answer carries the ticket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fetch {
+    /// Told back with each answer: only the answer to a pod's last ask counts.
+    pub ticket: u32,
+    /// The pods.
+    pub pods: Vec<NsName>,
+}
+
+/// One pod's answer to a [`Fetch`].
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    /// The fetch's ticket.
+    pub ticket: u32,
+    /// The pod asked for.
+    pub pod: NsName,
+    /// What the remote said.
+    pub answer: Answer,
+}
+
+/// What the remote said of a pod asked for.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    /// The pod, admitted as the pod watcher admits pods.
+    Found(Object),
+    /// No such pod, or one the pod watcher refuses too: the watcher sends it if it comes
+    /// (or changes), so it is not asked for again.
+    Absent,
+    /// The remote did not answer: asked for again at a publication that still lacks it,
+    /// unless an event brings it first.
+    Failed,
 }
 
 /// Something the caller must do.
@@ -82,9 +115,9 @@ pub enum Effect {
     StopUpstream,
     /// Start the upstream watches again, from a fresh list.
     StartUpstream,
-    /// Fetch these pods and hand them back as [`Change::Fetched`]: kept endpoints point at
-    /// them but their last event came before the endpoints did.
-    FetchPods(Vec<NsName>),
+    /// Fetch these pods and hand each answer back as [`Change::Fetched`]: kept endpoints point
+    /// at them but their last event came before the endpoints did.
+    FetchPods(Fetch),
     /// The link's quarantine or a service's containment changed: log it, record an event,
     /// update status, save it.
     Transition(Transition),
@@ -237,6 +270,18 @@ impl Engine {
     /// decoding the others.
     pub fn mirror_wanted(&mut self, wanted: crate::model::wanted::WantedPods) {
         self.publisher.mirror_wanted(wanted);
+    }
+
+    /// A new run of upstream watchers starts: the pod fetches of the last one are dropped
+    /// with its messages, and nothing it knew of the wanted pods holds.
+    pub fn upstream_starts(&mut self) {
+        self.publisher.new_upstream();
+    }
+
+    /// The pod watcher's first list of this run begins (its gate opened just now), with the
+    /// pods wanted now in the set it decodes: the list, not a fetch, brings each of them.
+    pub fn pods_listing(&mut self) {
+        self.publisher.pods_listing();
     }
 
     /// The published view.
@@ -396,7 +441,7 @@ impl Engine {
                 }
                 self.store.clear();
                 self.sync.clear();
-                self.publisher.reset_upstream();
+                self.publisher.new_upstream();
                 self.flood.link.reset();
                 self.containment.reset_rates();
                 self.schedule.clear();

@@ -298,16 +298,19 @@ impl Upstream {
     /// The engine has taken in `kind`'s first list (and so knows which pods the selections
     /// want, `WantedPods` being filled before this returns): once Services, EndpointSlices
     /// and Endpoints are in, the pod watcher starts. The engine, not the watchers, opens it:
-    /// a watcher's list end may wait in the queue while the pod list streams past.
-    pub fn listed(&self, kind: Kind) {
+    /// a watcher's list end may wait in the queue while the pod list streams past. True when
+    /// this call opened it: every pod wanted now is in the set its first list decodes.
+    pub fn listed(&self, kind: Kind) -> bool {
         if !OPENING_KINDS.contains(&kind) {
-            return;
+            return false;
         }
         let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
-        if !listed.contains(&kind) {
-            listed.push(kind);
-            self.pods_gate.add_permits(1);
+        if listed.contains(&kind) {
+            return false;
         }
+        listed.push(kind);
+        self.pods_gate.add_permits(1);
+        listed.len() == OPENING_KINDS.len()
     }
 }
 

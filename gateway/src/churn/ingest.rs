@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use tokio::time::Instant;
 
-use super::{Change, Effect, Engine, State};
+use super::{Change, Effect, Engine, Fetched, State};
 use crate::model::{Group, Kind, NsName, ObjKey, Object};
 
 impl Engine {
@@ -43,6 +43,9 @@ impl Engine {
             }
         }
         self.sync.synced.insert(kind);
+        if kind == Kind::Pod {
+            self.publisher.pods_listed();
+        }
         if matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints) {
             // The upstream lists pods after Services, slices and Endpoints: know which
             // pods the selections will want before they come. A contained service that
@@ -60,14 +63,14 @@ impl Engine {
 
     /// A pod the engine asked for ([`Effect::FetchPods`]): state, not churn, and taken only
     /// while no watch event brought the pod first.
-    fn fetched(&mut self, obj: Object, now: Instant) {
+    fn fetched(&mut self, f: Fetched, now: Instant) {
+        let Some(obj) = self.publisher.fetched(&f.pod, f.ticket, f.answer) else {
+            return;
+        };
         let mut obj = obj.into_sanitized();
         self.publisher.share_name(&mut obj);
         let key = obj.key();
-        if key.kind == Kind::Pod
-            && self.publisher.take_fetched(&key.id)
-            && self.store.pod(&key.id).is_none()
-        {
+        if key.kind == Kind::Pod && key.id == f.pod && self.store.pod(&key.id).is_none() {
             self.change(key, Some(obj), now, false);
         }
     }

@@ -101,7 +101,7 @@ impl Engine {
         } else {
             self.publisher.publish(g, &mut self.store, now)
         };
-        if !fetch.is_empty() {
+        if let Some(fetch) = fetch {
             self.effects.push(Effect::FetchPods(fetch));
         }
         let gone = match g {

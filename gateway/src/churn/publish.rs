@@ -11,29 +11,23 @@
 //! [`super::Effect::FetchPods`] and published when the fetch answers, through the same budget as
 //! any change.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
-use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::store::Store;
+use super::{Answer, Fetch};
 use crate::model::wanted::WantedPods;
 use crate::model::{EndpointsObject, Group, Kind, NsName, ObjKey, Object, SliceObject};
 use crate::view::{Change as ViewChange, View};
 
 mod desired;
+mod wanted;
 
 use desired::{Desired, desired_service, referred, resolved, wanted_names};
-
-/// Pod fetches outstanding at most. A fetch is asked only for a pod a *kept* endpoint points
-/// at, so this is bounded by the cap anyway; 4096 keeps a start-up against thousands of
-/// services from queueing more GETs than the remote should see at once.
-const MAX_FETCHING: usize = 4096;
-
-/// Publications between two scans of the pods being fetched, once that set is full.
-const PRUNE_EVERY: u64 = 512;
+use wanted::Wanted;
 
 /// What publishing has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -91,13 +85,8 @@ pub struct Publisher {
     groups: HashMap<Group, Published>,
     /// Published objects shared by several groups (a pod behind two services), by count.
     obj_refs: HashMap<ObjKey, u32>,
-    /// Pod -> the services whose selection points at it: one, held inline, but for a pod
-    /// behind several services.
-    wanted: HashMap<NsName, SmallVec<[NsName; 1]>>,
-    /// Pods asked for and not seen since.
-    fetching: HashSet<NsName>,
-    /// The publication count at which a full `fetching` may be scanned again.
-    fetch_prune_at: u64,
+    /// The pods the services' selections point at, and how each is being brought in.
+    wanted: Wanted,
     counters: PublishCounters,
     /// `wanted`'s keys, shared with the upstream pod watcher so it skips decoding the rest.
     mirror: Option<WantedPods>,
@@ -113,9 +102,7 @@ impl Publisher {
             max_services,
             groups: HashMap::new(),
             obj_refs: HashMap::new(),
-            wanted: HashMap::new(),
-            fetching: HashSet::new(),
-            fetch_prune_at: 0,
+            wanted: Wanted::default(),
             counters: PublishCounters::default(),
             mirror: None,
         }
@@ -123,7 +110,7 @@ impl Publisher {
 
     /// Shares the wanted pods with the upstream pod watcher from now on.
     pub fn mirror_wanted(&mut self, mirror: WantedPods) {
-        mirror.replace(self.wanted.keys());
+        mirror.replace(self.wanted.names());
         self.mirror = Some(mirror);
     }
 
@@ -162,7 +149,7 @@ impl Publisher {
 
     /// True when some group's selection points at the pod.
     pub fn wants(&self, pod: &NsName) -> bool {
-        self.wanted.contains_key(pod)
+        self.wanted.contains(pod)
     }
 
     /// Gives a wanted pod that arrives the name its wanted entry holds, so the pod, the
@@ -170,7 +157,7 @@ impl Publisher {
     /// shared elsewhere keeps its own).
     pub fn share_name(&self, obj: &mut Object) {
         if let Object::Pod(pod) = obj
-            && let Some((name, _)) = self.wanted.get_key_value(pod.id())
+            && let Some(name) = self.wanted.held_name(pod.id())
             && let Some(pod) = Arc::get_mut(pod)
         {
             pod.share_id(name);
@@ -179,7 +166,7 @@ impl Publisher {
 
     /// The services whose selection points at the pod.
     pub fn wanting(&self, pod: &NsName) -> &[NsName] {
-        self.wanted.get(pod).map_or(&[], SmallVec::as_slice)
+        self.wanted.by(pod)
     }
 
     /// Pods wanted by some group.
@@ -187,20 +174,34 @@ impl Publisher {
         self.wanted.len()
     }
 
-    /// A watch event for the pod came: a fetch asked before is answered by it.
+    /// A watch event for the pod came: a fetch asked before is answered by it, and the pod
+    /// watcher brings the pod from now on.
     pub fn seen(&mut self, pod: &NsName) {
-        self.fetching.remove(pod);
+        self.wanted.seen(pod);
     }
 
-    /// A fetch answered: true when the pod was asked for and is still wanted.
-    pub fn take_fetched(&mut self, pod: &NsName) -> bool {
-        self.fetching.remove(pod) && self.wants(pod)
+    /// A fetch answered: the pod found, when it is still wanted, the answer is to its last
+    /// ask, and no watch event came first.
+    pub fn fetched(&mut self, pod: &NsName, ticket: u32, answer: Answer) -> Option<Object> {
+        self.wanted.answered(pod, ticket, answer)
     }
 
-    /// Forgets the fetches in flight (quarantine: upstream is stopped and its cache dropped;
-    /// what is published, and the pods it wants, stay).
-    pub fn reset_upstream(&mut self) {
-        self.fetching.clear();
+    /// The pod watcher's first list begins with every pod wanted now in its set: none of them
+    /// is fetched, the list brings it or its absence.
+    pub fn pods_listing(&mut self) {
+        self.wanted.listing();
+    }
+
+    /// A pod list is complete.
+    pub fn pods_listed(&mut self) {
+        self.wanted.listed();
+    }
+
+    /// A new run of watchers starts, or upstream stopped (quarantine: its cache is dropped;
+    /// what is published, and the pods it wants, stay): the fetches in flight are forgotten,
+    /// and what the old run knew of the wanted pods with them.
+    pub fn new_upstream(&mut self) {
+        self.wanted.new_upstream();
     }
 
     /// Computes a service's selection without publishing it, so the pods it points at are
@@ -217,10 +218,10 @@ impl Publisher {
     }
 
     /// Publishes a group's current state: what the cap keeps of it, diffed against what it
-    /// published before. Returns the wanted pods to fetch (never more than [`MAX_FETCHING`]
-    /// in flight). A service whose state is gone upstream is published empty and forgotten.
-    /// `now` is when the view publishes it.
-    pub fn publish(&mut self, g: &Group, store: &mut Store, now: Instant) -> Vec<NsName> {
+    /// published before. Returns the wanted pods to fetch, if any ([`Wanted::ask`]). A
+    /// service whose state is gone upstream is published empty and forgotten. `now` is when
+    /// the view publishes it.
+    pub fn publish(&mut self, g: &Group, store: &mut Store, now: Instant) -> Option<Fetch> {
         let was_published = self.has_published(g);
         let desired = match g {
             Group::Service(svc) => match store.service(svc) {
@@ -255,8 +256,8 @@ impl Publisher {
     /// relabelled, is published; a readiness flip is not. The flood's cost stays what
     /// containment makes it: the endpoints do not move, no pod is served but one a kept
     /// endpoint names, and the crash loop's status churn waits with the endpoints' until the
-    /// service is released. Returns the wanted pods to fetch.
-    pub fn publish_frozen(&mut self, g: &Group, store: &mut Store, now: Instant) -> Vec<NsName> {
+    /// service is released. Returns the wanted pods to fetch, if any.
+    pub fn publish_frozen(&mut self, g: &Group, store: &mut Store, now: Instant) -> Option<Fetch> {
         let Some(previous) = self.groups.get(g).filter(|p| !p.objects.is_empty()) else {
             return self.publish(g, store, now);
         };
@@ -309,7 +310,7 @@ impl Publisher {
         mut desired: Desired,
         store: &mut Store,
         now: Instant,
-    ) -> Vec<NsName> {
+    ) -> Option<Fetch> {
         let was_published = self.has_published(g);
         let missing: Vec<NsName> = desired
             .pods
@@ -377,7 +378,7 @@ impl Publisher {
     /// Tells the pod watcher which pods are wanted now.
     pub fn refresh_wanted(&mut self) {
         if let Some(m) = &self.mirror {
-            m.replace(self.wanted.keys());
+            m.replace(self.wanted.names());
         }
     }
 
@@ -396,10 +397,7 @@ impl Publisher {
         }
         if let Group::Service(svc) = &g {
             for pod in &published.pods {
-                self.wanted
-                    .entry(pod.clone())
-                    .or_default()
-                    .push(svc.clone());
+                self.wanted.add(pod.clone(), svc);
             }
         }
         self.groups.insert(g, published);
@@ -414,63 +412,33 @@ impl Publisher {
         // Names read again from the slices' JSON: a pod wanted already keeps the one
         // allocation of its name that the wanted map, the pod-event filter and the store share.
         let pods: BTreeSet<NsName> = (pods.into_iter())
-            .map(|p| match self.wanted.get_key_value(&p) {
-                Some((held, _)) => held.clone(),
-                None => p,
-            })
+            .map(|p| self.wanted.held_name(&p).cloned().unwrap_or(p))
             .collect();
         let st = self.groups.entry(g.clone()).or_default();
         for gone in st.pods.difference(&pods) {
-            if let Some(by) = self.wanted.get_mut(gone) {
-                by.retain(|s| s != svc);
-                if by.is_empty() {
-                    self.wanted.remove(gone);
-                    store.drop_pod(gone);
-                    if let Some(m) = &self.mirror {
-                        m.remove(gone);
-                    }
+            if self.wanted.release(gone, svc) {
+                store.drop_pod(gone);
+                if let Some(m) = &self.mirror {
+                    m.remove(gone);
                 }
             }
         }
         for new in pods.difference(&st.pods) {
-            let by = self.wanted.entry(new.clone()).or_default();
-            if by.is_empty()
+            if self.wanted.add(new.clone(), svc)
                 && let Some(m) = &self.mirror
             {
                 // Before any fetch of it is asked: a skipped event is covered by the fetch.
                 m.insert(new);
             }
-            by.push(svc.clone());
         }
         st.pods = pods;
     }
 
-    /// Asks the caller for wanted pods the store lacks, once each while they stay missing,
-    /// and never more than [`MAX_FETCHING`] at a time.
-    fn request_pods(&mut self, missing: Vec<NsName>) -> Vec<NsName> {
-        if missing.is_empty() {
-            return missing;
-        }
-        if self.fetching.len() + missing.len() > MAX_FETCHING
-            && self.counters.downstream_updates >= self.fetch_prune_at
-        {
-            // Forget pods whose fetch found nothing or that nothing wants any more. At most
-            // once every PRUNE_EVERY publications: a full set of pods that stay missing must not
-            // cost a scan of the set on every publication.
-            let wanted = &self.wanted;
-            self.fetching.retain(|p| wanted.contains_key(p));
-            self.fetch_prune_at = self.counters.downstream_updates + PRUNE_EVERY;
-        }
-        let mut ask = Vec::new();
-        for pod in missing {
-            if self.fetching.len() >= MAX_FETCHING {
-                break;
-            }
-            if self.fetching.insert(pod.clone()) {
-                ask.push(pod);
-            }
-        }
-        self.counters.pods_fetched += ask.len() as u64;
-        ask
+    /// Asks the caller for wanted pods the store lacks and of which nothing is known
+    /// ([`Wanted::ask`]).
+    fn request_pods(&mut self, missing: Vec<NsName>) -> Option<Fetch> {
+        let fetch = self.wanted.ask(missing)?;
+        self.counters.pods_fetched += fetch.pods.len() as u64;
+        Some(fetch)
     }
 }

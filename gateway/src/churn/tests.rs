@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use tokio::time::{self, Instant};
 
 use super::quarantine::{RequestError, State, StateName};
-use super::{Change, Effect, Engine};
+use super::{Answer, Change, Effect, Engine, Fetch, Fetched};
 use crate::model::{Kind, NsName, ObjKey, Object, SERVICE_NAME_LABEL, SliceObject};
 use crate::view::{Event, View};
 
@@ -169,6 +169,34 @@ impl Feeds {
         events.sort_by_key(|ev| ev.resource_version);
         events
     }
+}
+
+/// The fetches asked for in the effects the engine had.
+pub(crate) fn take_fetches(e: &mut Engine) -> Vec<Fetch> {
+    e.take_effects()
+        .into_iter()
+        .filter_map(|f| match f {
+            Effect::FetchPods(f) => Some(f),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The answer to `pod`, asked for in one of `asked`, under that fetch's ticket.
+pub(crate) fn answer(asked: &[Fetch], pod: &NsName, answer: Answer) -> Change {
+    let f = (asked.iter())
+        .find(|f| f.pods.contains(pod))
+        .unwrap_or_else(|| panic!("{pod} was not asked for"));
+    Change::Fetched(Fetched {
+        ticket: f.ticket,
+        pod: pod.clone(),
+        answer,
+    })
+}
+
+/// The answer that finds `obj`, a pod asked for in one of `asked`.
+pub(crate) fn found(asked: &[Fetch], obj: Object) -> Change {
+    answer(asked, &obj.key().id, Answer::Found(obj))
 }
 
 fn apply(e: &mut Engine, o: Object) {

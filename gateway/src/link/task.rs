@@ -358,8 +358,10 @@ impl<W: Wire> LinkTask<W> {
             _ => None,
         };
         self.engine.ingest(msg.change, now);
-        if let (Some(kind), Some(u)) = (listed, &self.upstream) {
-            u.listed(kind);
+        if let (Some(kind), Some(u)) = (listed, &self.upstream)
+            && u.listed(kind)
+        {
+            self.engine.pods_listing();
         }
     }
 
@@ -377,12 +379,15 @@ impl<W: Wire> LinkTask<W> {
                     tracing::info!(generation = self.generation, "upstream restarted");
                 }
             }
-            Effect::FetchPods(pods) => {
+            Effect::FetchPods(fetch) => {
                 if let Some(r) = self.remote.as_ref().filter(|_| !self.follows_holder) {
-                    tracing::debug!(pods = pods.len(), "fetching pods kept endpoints point at");
+                    tracing::debug!(
+                        pods = fetch.pods.len(),
+                        "fetching pods kept endpoints point at"
+                    );
                     let fetch = self.wire.fetch_pods(
                         r,
-                        pods,
+                        fetch,
                         self.generation,
                         self.tx.clone(),
                         self.counters.clone(),
@@ -442,6 +447,7 @@ impl<W: Wire> LinkTask<W> {
             return;
         }
         if let Some(r) = &self.remote {
+            self.engine.upstream_starts();
             self.upstream = Some(self.wire.watch(
                 r,
                 self.generation,

@@ -14,8 +14,9 @@ use tokio::time::Instant;
 
 use super::task::Outputs;
 use super::{CONNECT_BACKOFF, Connect};
+use crate::churn::Fetch;
+use crate::model::Kind;
 use crate::model::wanted::WantedPods;
-use crate::model::{Kind, NsName};
 use crate::upstream::{self, Message, Remote, Upstream, UpstreamCounters};
 use crate::view::View;
 
@@ -41,11 +42,11 @@ pub(crate) trait Wire: Send + Sync + 'static {
         wanted: WantedPods,
     ) -> Self::Watchers;
 
-    /// Fetches `pods` and sends each as [`crate::churn::Change::Fetched`].
+    /// Fetches the pods and sends each answer as [`crate::churn::Change::Fetched`].
     fn fetch_pods(
         &self,
         remote: &Self::Remote,
-        pods: Vec<NsName>,
+        fetch: Fetch,
         generation: u64,
         tx: mpsc::Sender<Message>,
         counters: Arc<UpstreamCounters>,
@@ -64,8 +65,9 @@ pub(crate) trait Wire: Send + Sync + 'static {
 
 /// The running watchers of one upstream run.
 pub(crate) trait Watchers: Send + 'static {
-    /// The engine has taken in `kind`'s first list ([`Upstream::listed`]).
-    fn listed(&self, kind: Kind);
+    /// The engine has taken in `kind`'s first list ([`Upstream::listed`]): true when that
+    /// opened the pod watcher.
+    fn listed(&self, kind: Kind) -> bool;
 }
 
 /// A remote that answered.
@@ -116,14 +118,14 @@ impl Wire for Network {
     fn fetch_pods(
         &self,
         remote: &Remote,
-        pods: Vec<NsName>,
+        fetch: Fetch,
         generation: u64,
         tx: mpsc::Sender<Message>,
         counters: Arc<UpstreamCounters>,
     ) -> BoxFuture<'static, ()> {
         Box::pin(upstream::fetch_pods(
             remote.client.clone(),
-            pods,
+            fetch,
             generation,
             tx,
             counters,
@@ -147,8 +149,8 @@ impl Wire for Network {
 }
 
 impl Watchers for Upstream {
-    fn listed(&self, kind: Kind) {
-        Upstream::listed(self, kind);
+    fn listed(&self, kind: Kind) -> bool {
+        Upstream::listed(self, kind)
     }
 }
 

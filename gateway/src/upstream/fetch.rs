@@ -12,23 +12,25 @@ use tokio::sync::mpsc;
 use super::admit::{refuse, wired};
 use super::wire::Wire;
 use super::{Message, UpstreamCounters};
-use crate::churn::Change;
-use crate::model::{Kind, NsName, Object};
+use crate::churn::{Answer, Change, Fetch, Fetched};
+use crate::model::{Kind, Object};
 
 /// Pod GETs in flight at once for one link: enough to fill a start-up's gaps in a few round
 /// trips, few enough that the remote never sees a burst from us.
 const FETCH_CONCURRENCY: usize = 8;
 
-/// Fetches pods the engine asked for ([`crate::churn::Effect::FetchPods`]) and sends each one
-/// found as [`Change::Fetched`]. A pod that is gone is skipped: its absence is the answer.
+/// Fetches the pods the engine asked for ([`crate::churn::Effect::FetchPods`]) and sends each
+/// answer as [`Change::Fetched`]: the pod, its absence (a pod refused as the watcher refuses
+/// it is absent too: the watcher refuses its events), or the remote's failure to answer.
 pub async fn fetch_pods(
     client: Client,
-    pods: Vec<NsName>,
+    fetch: Fetch,
     generation: u64,
     tx: mpsc::Sender<Message>,
     counters: Arc<UpstreamCounters>,
 ) {
-    let mut results = futures_util::stream::iter(pods)
+    let ticket = fetch.ticket;
+    let mut results = futures_util::stream::iter(fetch.pods)
         .map(|id| {
             let api = Api::<Wire<Pod>>::namespaced(client.clone(), &id.namespace);
             async move { (api.get_opt(&id.name).await, id) }
@@ -36,30 +38,39 @@ pub async fn fetch_pods(
         .buffer_unordered(FETCH_CONCURRENCY);
     // One line a batch, not one a pod: a batch fails whole when the remote is down.
     let mut failed: Option<(usize, String)> = None;
-    while let Some((result, id)) = results.next().await {
-        let change = match result {
+    while let Some((result, pod)) = results.next().await {
+        let answer = match result {
             // Admitted as the pod watcher admits pods.
             Ok(Some(w)) => match wired(w, |p| Object::Pod(Arc::new(super::trim::pod(p).into()))) {
-                Ok(pod) => Change::Fetched(pod),
+                Ok(found) => Answer::Found(found),
                 Err(why) => {
                     refuse(Kind::Pod, why, &counters);
-                    continue;
+                    Answer::Absent
                 }
             },
-            Ok(None) => continue,
+            Ok(None) => Answer::Absent,
             Err(e) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(pod = %id, error = %e, "fetching a pod failed");
-                let (n, _) = failed.get_or_insert_with(|| (0, format!("{id}: {e}")));
+                tracing::debug!(%pod, error = %e, "fetching a pod failed");
+                let (n, _) = failed.get_or_insert_with(|| (0, format!("{pod}: {e}")));
                 *n += 1;
-                continue;
+                Answer::Failed
             }
         };
+        let change = Change::Fetched(Fetched {
+            ticket,
+            pod,
+            answer,
+        });
         if tx.send(Message { generation, change }).await.is_err() {
             return;
         }
     }
     if let Some((pods, first)) = failed {
-        tracing::warn!(pods, first = %first, "fetching pods failed; each is served from its next event");
+        tracing::warn!(
+            pods,
+            first = %first,
+            "fetching pods failed; each is asked for again at its service's next publication, or served from its next event"
+        );
     }
 }

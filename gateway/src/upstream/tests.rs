@@ -1,5 +1,6 @@
 //! Fetching pods one by one, against the facade serving a view over loopback.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -9,9 +10,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{MAX_OBJECT_BYTES, Message, UpstreamCounters, fetch_pods};
-use crate::churn::Change;
+use crate::churn::{Answer, Change, Fetch};
 use crate::kubeapi;
-use crate::model::{NsName, Object};
+use crate::model::{Kind, NsName, Object};
 use crate::view::{self, View};
 
 fn pod(name: &str, note: &str) -> Object {
@@ -60,19 +61,36 @@ async fn fetched_pods_are_admitted_as_watched_ones() {
     let counters = Arc::new(UpstreamCounters::default());
     let (tx, mut rx) = mpsc::channel(8);
     let ids = ["web-0", "huge", "gone"].map(|n| NsName::new("prod", n));
-    fetch_pods(client, ids.to_vec(), 7, tx, counters.clone()).await;
-    let mut fetched = Vec::new();
+    let fetch = Fetch {
+        ticket: 3,
+        pods: ids.to_vec(),
+    };
+    fetch_pods(client, fetch, 7, tx, counters.clone()).await;
+    let mut answers = BTreeMap::new();
     while let Some(Message { generation, change }) = rx.recv().await {
         assert_eq!(generation, 7);
-        let Change::Fetched(Object::Pod(p)) = change else {
-            panic!("only fetched pods: {change:?}");
+        let Change::Fetched(f) = change else {
+            panic!("only answers: {change:?}");
         };
-        fetched.push(p.id().clone());
+        assert_eq!(f.ticket, 3, "the fetch's ticket, told back");
+        let answer = match f.answer {
+            Answer::Found(Object::Pod(p)) => format!("found {}", p.id()),
+            other => format!("{other:?}"),
+        };
+        answers.insert(f.pod.name.to_string(), answer);
     }
     assert_eq!(
-        fetched,
-        [NsName::new("prod", "web-0")],
-        "the one within the limit"
+        answers,
+        BTreeMap::from(
+            [
+                ("web-0", "found prod/web-0"),
+                ("huge", "Absent"),
+                ("gone", "Absent"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        ),
+        "every pod answered: the one within the limit found, the one refused as absent as \
+         the one that is gone"
     );
     assert_eq!(
         counters.oversized.load(Ordering::Relaxed),
@@ -84,6 +102,35 @@ async fn fetched_pods_are_admitted_as_watched_ones() {
         0,
         "a pod that is gone is no error"
     );
+}
+
+/// A remote that does not answer fails each fetch: the engine asks again later, rather than
+/// waiting for an answer that never comes.
+#[tokio::test]
+async fn a_fetch_the_remote_does_not_answer_fails() {
+    // A port that was open a moment ago and is closed now.
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().expect("url"));
+    let client = super::client(cfg).expect("client");
+    let counters = Arc::new(UpstreamCounters::default());
+    let (tx, mut rx) = mpsc::channel(8);
+    let pods = ["a", "b"].map(|n| NsName::new("prod", n)).to_vec();
+    fetch_pods(client, Fetch { ticket: 1, pods }, 1, tx, counters.clone()).await;
+    let mut failed = Vec::new();
+    while let Some(Message { change, .. }) = rx.recv().await {
+        match change {
+            Change::Fetched(f) if matches!(f.answer, Answer::Failed) => failed.push(f.pod),
+            other => panic!("only failures: {other:?}"),
+        }
+    }
+    failed.sort();
+    assert_eq!(failed, ["a", "b"].map(|n| NsName::new("prod", n)));
+    assert_eq!(counters.errors.load(Ordering::Relaxed), 2);
 }
 
 /// A watch the remote ends with 410 is the remote answering (the watcher relists by itself);
@@ -103,4 +150,27 @@ fn an_expired_watch_is_no_outage() {
         "a refused resume is relisted by Floodgate (needs_relist)"
     );
     assert!(super::needs_relist(&start));
+}
+
+/// The engine is told the pod watcher opened exactly once a run, when the last of the kinds
+/// that open it is listed: a relist of one of them opens nothing.
+#[test]
+fn the_pod_watcher_opens_once_the_opening_kinds_are_listed() {
+    let u = super::Upstream {
+        _tasks: tokio::task::JoinSet::new(),
+        pods_gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        listed: std::sync::Mutex::new(Vec::new()),
+    };
+    let opened = |kind| u.listed(kind);
+    assert!(!opened(Kind::Pod), "pods open nothing");
+    assert!(!opened(Kind::Service));
+    assert!(!opened(Kind::EndpointSlice));
+    assert!(!opened(Kind::Service), "listed again");
+    assert!(opened(Kind::Endpoints), "the last of the three");
+    assert_eq!(
+        u.pods_gate.available_permits(),
+        3,
+        "the gate's three permits"
+    );
+    assert!(!opened(Kind::Endpoints), "open already");
 }

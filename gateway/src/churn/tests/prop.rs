@@ -196,15 +196,15 @@ impl Remote {
             }
         }
         for effect in effects {
-            if let Effect::FetchPods(pods) = effect {
-                for id in pods {
+            if let Effect::FetchPods(f) = effect {
+                for id in &f.pods {
                     let key = ObjKey {
                         kind: Kind::Pod,
-                        id,
+                        id: id.clone(),
                     };
-                    if let Some(p) = self.objects.get(&key) {
-                        e.ingest(Change::Fetched(p.clone()), now);
-                    }
+                    let got = self.objects.get(&key);
+                    let got = got.map_or(Answer::Absent, |p| Answer::Found(p.clone()));
+                    e.ingest(answer(std::slice::from_ref(&f), id, got), now);
                 }
             }
         }

@@ -17,14 +17,11 @@ fn pod_key(name: &str) -> ObjKey {
 }
 
 fn fetch_requests(e: &mut Engine) -> Vec<NsName> {
-    e.take_effects()
-        .into_iter()
-        .filter_map(|f| match f {
-            Effect::FetchPods(p) => Some(p),
-            _ => None,
-        })
-        .flatten()
-        .collect()
+    names(&take_fetches(e))
+}
+
+fn names(asked: &[Fetch]) -> Vec<NsName> {
+    asked.iter().flat_map(|f| f.pods.iter().cloned()).collect()
 }
 
 /// The first sync lists pods before the slice that points at them.
@@ -52,7 +49,8 @@ fn synced_pods_first(spec: &LinkSpec) -> Engine {
 #[tokio::test(start_paused = true)]
 async fn a_pod_listed_before_its_slice_is_fetched_and_served() {
     let mut e = synced_pods_first(&mk_spec());
-    let mut asked = fetch_requests(&mut e);
+    let fetches = take_fetches(&mut e);
+    let mut asked = names(&fetches);
     asked.sort();
     assert_eq!(
         asked,
@@ -60,7 +58,7 @@ async fn a_pod_listed_before_its_slice_is_fetched_and_served() {
     );
     assert!(e.view().get(&pod_key("web-1")).is_none());
 
-    e.ingest(Change::Fetched(mk_pod("web-1", "Running")), Instant::now());
+    e.ingest(found(&fetches, mk_pod("web-1", "Running")), Instant::now());
     run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
     assert!(e.view().get(&pod_key("web-1")).is_some());
     assert!(
@@ -73,9 +71,9 @@ async fn a_pod_listed_before_its_slice_is_fetched_and_served() {
 #[tokio::test(start_paused = true)]
 async fn a_watch_event_newer_than_the_fetch_wins() {
     let mut e = synced_pods_first(&mk_spec());
-    fetch_requests(&mut e);
+    let asked = take_fetches(&mut e);
     apply(&mut e, mk_pod("web-1", "Succeeded"));
-    e.ingest(Change::Fetched(mk_pod("web-1", "Running")), Instant::now());
+    e.ingest(found(&asked, mk_pod("web-1", "Running")), Instant::now());
     run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
     let served = e.view().get(&pod_key("web-1")).expect("served");
     let Object::Pod(p) = &served.object else {
@@ -101,9 +99,9 @@ async fn pods_of_truncated_endpoints_are_not_fetched() {
 #[tokio::test(start_paused = true)]
 async fn a_fetched_pod_nothing_points_at_any_more_is_dropped() {
     let mut e = synced_pods_first(&mk_spec());
-    fetch_requests(&mut e);
+    let asked = take_fetches(&mut e);
     apply(&mut e, mk_slice("web", "web-1", &[(3, true)]));
-    e.ingest(Change::Fetched(mk_pod("web-1", "Running")), Instant::now());
+    e.ingest(found(&asked, mk_pod("web-1", "Running")), Instant::now());
     run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
     assert!(e.view().get(&pod_key("web-1")).is_none());
     assert_eq!(fetch_requests(&mut e), [NsName::new("ns", "web-3")]);
@@ -159,10 +157,11 @@ fn served_pods(e: &Engine) -> Vec<String> {
 
 /// Answers every fetch the engine asked for with a running pod, and returns what it asked.
 fn answer_fetches(e: &mut Engine) -> Vec<NsName> {
-    let mut asked = fetch_requests(e);
+    let fetches = take_fetches(e);
+    let mut asked = names(&fetches);
     asked.sort();
     for p in &asked {
-        e.ingest(Change::Fetched(mk_pod(&p.name, "Running")), Instant::now());
+        e.ingest(found(&fetches, mk_pod(&p.name, "Running")), Instant::now());
     }
     asked
 }
@@ -296,4 +295,107 @@ async fn an_endpoint_turning_ready_under_the_cap_fetches_its_pod_only() {
         ["web-1".to_owned(), format!("web-{withheld}")],
         "web-{kept}'s endpoint is withheld now, and its pod with it"
     );
+}
+
+/// A pod the remote answers it does not have is not asked for again while it stays absent
+/// (regression: it held one of the 4,096 places of the fetches in flight for as long as it was
+/// wanted, so enough of them stopped every other fetch), and it is served when it comes.
+#[tokio::test(start_paused = true)]
+async fn a_pod_answered_absent_is_not_asked_again_and_is_served_when_it_comes() {
+    let mut e = synced_pods_first(&mk_spec());
+    let asked = take_fetches(&mut e);
+    let web2 = NsName::new("ns", "web-2");
+    e.ingest(answer(&asked, &web2, Answer::Absent), Instant::now());
+    e.ingest(found(&asked, mk_pod("web-1", "Running")), Instant::now());
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert!(e.view().get(&pod_key("web-1")).is_some());
+
+    // The slice grows: the service publishes again, still lacking web-2.
+    assert_eq!(
+        grow_and_fetch(&mut e).await,
+        [NsName::new("ns", "web-3")],
+        "web-2 is known absent: the pod watcher sends it if it comes"
+    );
+    apply(&mut e, mk_pod("web-2", "Running"));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert!(e.view().get(&pod_key("web-2")).is_some());
+}
+
+/// A pod the remote did not answer for is asked for again at its service's next publication.
+#[tokio::test(start_paused = true)]
+async fn a_pod_whose_fetch_failed_is_asked_for_again() {
+    let mut e = synced_pods_first(&mk_spec());
+    let asked = take_fetches(&mut e);
+    for pod in names(&asked) {
+        e.ingest(answer(&asked, &pod, Answer::Failed), Instant::now());
+    }
+    assert_eq!(
+        grow_and_fetch(&mut e).await,
+        ["web-1", "web-2", "web-3"].map(|n| NsName::new("ns", n))
+    );
+}
+
+/// The first sync as the upstream runs it: Services and slices are listed, the selections
+/// want their pods, and only then does the pod watcher start (`Engine::pods_listing`). Its
+/// list brings every pod wanted by then that exists, so none is fetched (a remote whose
+/// endpoints name 100,000 pods that are not there saw 4,096 GETs at every start); a pod wanted
+/// while the list streams may have been passed by it, and is fetched.
+#[tokio::test(start_paused = true)]
+async fn the_pod_list_answers_the_pods_wanted_before_it_began() {
+    let now = Instant::now();
+    let mut e = Engine::new(&mk_spec(), &KINDS, View::new(1, 100_000), now);
+    for k in KINDS {
+        e.ingest(Change::InitStart(k), now);
+    }
+    e.ingest(Change::Apply(mk_service("web", true)), now);
+    e.ingest(
+        Change::Apply(mk_slice("web", "web-1", &[(1, true), (2, true)])),
+        now,
+    );
+    e.ingest(Change::InitDone(Kind::Service), now);
+    e.ingest(Change::InitDone(Kind::EndpointSlice), now);
+    e.pods_listing();
+    // The list streams: web-1 is there, web-2 is not; web-3 is wanted meanwhile.
+    e.ingest(Change::Apply(mk_pod("web-1", "Running")), now);
+    e.ingest(
+        Change::Apply(mk_slice("web", "web-1", &[(1, true), (2, true), (3, true)])),
+        now,
+    );
+    e.ingest(Change::InitDone(Kind::Pod), now);
+    e.poll(now);
+    assert!(e.view().get(&pod_key("web-1")).is_some(), "listed");
+    assert_eq!(
+        fetch_requests(&mut e),
+        [NsName::new("ns", "web-3")],
+        "web-2 is absent from the list; web-3 was wanted once it had begun"
+    );
+    apply(&mut e, mk_pod("web-2", "Running"));
+    run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    assert!(e.view().get(&pod_key("web-2")).is_some(), "created later");
+}
+
+/// A new run of watchers (new credentials, a release from quarantine) drops the old run's
+/// fetches with its messages: what the engine knew of the wanted pods is forgotten, and a pod
+/// it had asked for is asked for again rather than waited for.
+#[tokio::test(start_paused = true)]
+async fn a_new_upstream_asks_again_for_what_the_old_one_was_fetching() {
+    let mut e = synced_pods_first(&mk_spec());
+    assert_eq!(fetch_requests(&mut e).len(), 2);
+    e.upstream_starts();
+    assert_eq!(
+        grow_and_fetch(&mut e).await,
+        ["web-1", "web-2", "web-3"].map(|n| NsName::new("ns", n))
+    );
+}
+
+/// web's slice grows by web-3: the pods its next publication asks for.
+async fn grow_and_fetch(e: &mut Engine) -> Vec<NsName> {
+    apply(
+        e,
+        mk_slice("web", "web-1", &[(1, true), (2, true), (3, true)]),
+    );
+    run(e, Duration::from_secs(1), Duration::from_millis(50)).await;
+    let mut asked = fetch_requests(e);
+    asked.sort();
+    asked
 }

@@ -17,26 +17,17 @@ fn answer_fetches(e: &mut Engine, remote: &[Object]) -> usize {
     loop {
         let now = Instant::now();
         e.poll(now);
-        let asks: Vec<NsName> = e
-            .take_effects()
-            .into_iter()
-            .filter_map(|ef| match ef {
-                Effect::FetchPods(p) => Some(p),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        let asks = take_fetches(e);
         if asks.is_empty() {
             return fetched;
         }
-        for id in asks {
-            if let Some(p) = remote
+        for id in asks.iter().flat_map(|f| &f.pods) {
+            let got = remote
                 .iter()
-                .find(|o| o.kind() == Kind::Pod && o.key().id == id)
-            {
-                fetched += 1;
-                e.ingest(Change::Fetched(p.clone()), now);
-            }
+                .find(|o| o.kind() == Kind::Pod && o.key().id == *id);
+            fetched += usize::from(got.is_some());
+            let got = got.map_or(Answer::Absent, |p| Answer::Found(p.clone()));
+            e.ingest(answer(&asks, id, got), now);
         }
     }
 }

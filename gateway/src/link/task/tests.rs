@@ -76,8 +76,9 @@ impl Drop for FakeWatchers {
 }
 
 impl Watchers for FakeWatchers {
-    fn listed(&self, kind: Kind) {
+    fn listed(&self, kind: Kind) -> bool {
         self.0.listed.lock().expect("lock").push(kind);
+        false
     }
 }
 
@@ -121,7 +122,7 @@ impl Wire for Arc<Fake> {
     fn fetch_pods(
         &self,
         (): &(),
-        _: Vec<NsName>,
+        _: crate::churn::Fetch,
         _: u64,
         _: mpsc::Sender<Message>,
         _: Arc<UpstreamCounters>,
