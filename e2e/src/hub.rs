@@ -77,6 +77,8 @@ pub struct HubOutcome {
     pub dials_paced: u64,
     /// Pods the links fetched one by one (`podsFetched`), in all.
     pub pods_fetched: u64,
+    /// EndpointSlices the links hold deflated (`slicesHeldDeflated`), in all.
+    pub slices_deflated: u64,
 }
 
 /// Starts the hub in `dir`, measures it, stops it.
@@ -156,7 +158,8 @@ async fn measure(
 ) -> anyhow::Result<HubOutcome> {
     let pid = floodgate.pid().context("floodgate's pid")?;
     let (view_bytes, upstream_objects) = served(floodgate).await?;
-    let pods_fetched = links_sum(floodgate, "podsFetched").await?;
+    let pods_fetched = links_sum(floodgate, "/counters/podsFetched").await?;
+    let slices_deflated = links_sum(floodgate, "/slicesHeldDeflated").await?;
     let (status, metrics) =
         crate::admin::call_text(floodgate.admin, "GET", "/metrics", None, "").await?;
     anyhow::ensure!(status == 200, "GET /metrics answered {status}");
@@ -189,6 +192,7 @@ async fn measure(
         idle_cpu_percent,
         dials_paced,
         pods_fetched,
+        slices_deflated,
     })
 }
 
@@ -215,17 +219,24 @@ async fn settle(floodgate: &crate::process::Floodgate) -> anyhow::Result<()> {
 
 /// The JSON the links serve and the objects they hold upstream, summed over `GET /links`.
 async fn served(floodgate: &crate::process::Floodgate) -> anyhow::Result<(u64, u64)> {
-    let view_bytes = links_sum(floodgate, "viewBytes").await?;
-    Ok((view_bytes, links_sum(floodgate, "objectsHeld").await?))
+    let view_bytes = links_sum(floodgate, "/counters/viewBytes").await?;
+    Ok((
+        view_bytes,
+        links_sum(floodgate, "/counters/objectsHeld").await?,
+    ))
 }
 
-/// One of the links' counters, summed over `GET /links`.
-async fn links_sum(floodgate: &crate::process::Floodgate, field: &str) -> anyhow::Result<u64> {
+/// A figure of each link's (at the JSON `pointer`), summed over `GET /links`.
+async fn links_sum(floodgate: &crate::process::Floodgate, pointer: &str) -> anyhow::Result<u64> {
     let (status, all) = crate::admin::call(floodgate.admin, "GET", "/links", None, "").await?;
     anyhow::ensure!(status == 200, "GET /links answered {status}");
     let links = all["links"].as_array().context("GET /links: no links")?;
     Ok((links.iter())
-        .map(|l| l["counters"][field].as_u64().unwrap_or_default())
+        .map(|l| {
+            l.pointer(pointer)
+                .and_then(|v| v.as_u64())
+                .unwrap_or_default()
+        })
         .sum())
 }
 

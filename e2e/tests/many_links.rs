@@ -11,7 +11,7 @@ async fn twelve_links_at_four_starts_a_second_list_their_remote_in_turn() {
     let plan = HubPlan {
         links: 12,
         services: 1,
-        slices: 100,
+        slices: 110,
         starts_per_second: 4,
         idle_secs: 0,
     };
@@ -36,13 +36,17 @@ async fn twelve_links_at_four_starts_a_second_list_their_remote_in_turn() {
         "floodgate_link_dials_paced_total is {}",
         o.dials_paced
     );
-    // Every link serves its capped service: 100 of the 1,000 endpoints, as slices.
+    // Every link holds its service's 110 slices, and serves 100 of them: the 1,000 endpoints
+    // of `caps.maxEndpointsPerService` of its 1,100.
     assert!(
-        o.upstream_objects >= 12 * 100,
+        o.upstream_objects >= 12 * 110,
         "{} objects held",
         o.upstream_objects
     );
     assert!(o.view_bytes > 0, "nothing served");
+    // The service is over the cap: each link holds its slices deflated, for the cap to
+    // choose from (`floodgate_upstream_slices_deflated`).
+    assert_eq!(o.slices_deflated, 12 * 110, "slices held deflated");
 }
 
 /// The many-small-services row of `make bench` (1,000 exported services of 10 EndpointSlices of
@@ -79,4 +83,5 @@ async fn a_thousand_small_services_are_served_within_five_times_their_json() {
     );
     assert!(ratio <= 5.0, "RSS {ratio:.1}x the JSON served");
     assert_eq!(o.pods_fetched, 0, "pods fetched one by one");
+    assert_eq!(o.slices_deflated, 0, "no service is over the cap");
 }

@@ -329,6 +329,12 @@ impl Engine {
         self.store.counts()
     }
 
+    /// EndpointSlices held deflated: those of services with more endpoints upstream than the
+    /// cap.
+    pub fn slices_deflated(&self) -> usize {
+        self.store.slices_deflated()
+    }
+
     /// Groups with state held, in the schedule and in the publisher.
     pub fn groups_held(&self) -> (usize, usize) {
         (self.schedule.groups(), self.publisher.groups())

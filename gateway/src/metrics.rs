@@ -279,6 +279,12 @@ impl Collector for LinkCollector {
         )?;
         gauge(
             &mut enc,
+            "upstream_slices_deflated",
+            "EndpointSlices the link holds deflated: those of services with more endpoints upstream than caps.maxEndpointsPerService.",
+            per_link(|s| s.state.engine.slices_deflated as u64),
+        )?;
+        gauge(
+            &mut enc,
             "view_bytes",
             "JSON bytes of the objects the link serves (each held once).",
             per_link(|s| s.view_bytes),

@@ -91,6 +91,7 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
         },
         "contained": contained(s, now, wall_now),
         "objectsHeldByResource": s.engine.objects_by_kind,
+        "slicesHeldDeflated": s.engine.slices_deflated,
         "upstreamEventsByResource": s.upstream.events_by_kind,
     })
 }

@@ -55,6 +55,8 @@ pub struct Store {
     servers: HashMap<NsName, Arc<Server>>,
     /// Upstream endpoints per service, across its slices (for flood detection).
     slice_endpoints: HashMap<NsName, usize>,
+    /// Slices held deflated.
+    deflated: usize,
 }
 
 impl Store {
@@ -73,7 +75,13 @@ impl Store {
             rs_pods: HashMap::new(),
             servers: HashMap::new(),
             slice_endpoints: HashMap::new(),
+            deflated: 0,
         }
+    }
+
+    /// EndpointSlices held deflated: those of services over the cap.
+    pub fn slices_deflated(&self) -> usize {
+        self.deflated
     }
 
     /// Upstream endpoints of a service across its slices.
@@ -187,6 +195,7 @@ impl Store {
     fn change_slice(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
         let mut t = Touched::default();
         let old = self.slices.remove(id);
+        self.deflated -= usize::from(old.as_ref().is_some_and(HeldSlice::is_deflated));
         let new = match obj {
             Some(Object::EndpointSlice(s)) => Some(s),
             _ => None,
@@ -232,6 +241,7 @@ impl Store {
         }
         let mut held = HeldSlice::Whole(slice);
         held.reform(!self.capped(svc));
+        self.deflated += usize::from(held.is_deflated());
         self.slices.insert(id.clone(), held);
     }
 
@@ -246,7 +256,9 @@ impl Store {
         let whole = !self.capped(svc);
         for id in self.slices_by_service.get(svc).into_iter().flatten() {
             if let Some(s) = self.slices.get_mut(id) {
+                self.deflated -= usize::from(s.is_deflated());
                 s.reform(whole);
+                self.deflated += usize::from(s.is_deflated());
             }
         }
     }
@@ -580,6 +592,7 @@ mod tests {
             [("web-a".into(), true), ("web-b".into(), true)],
             "at the cap, whole"
         );
+        assert_eq!(store.slices_deflated(), 0);
         store.change(&key("web-c"), Some(mk_slice("web", "web-c", &[(5, false)])));
         assert_eq!(
             forms(&store),
@@ -590,6 +603,7 @@ mod tests {
             ],
             "over it, every slice deflated"
         );
+        assert_eq!(store.slices_deflated(), 3);
         let listed = |store: &Store| -> usize {
             let svc = NsName::new("ns", "web");
             store.slices_of(&svc).iter().map(|s| s.len()).sum()
@@ -608,12 +622,14 @@ mod tests {
             6,
             "a deflated slice changed is held as it is now"
         );
+        assert_eq!(store.slices_deflated(), 3);
         store.change(&key("web-a"), None);
         assert_eq!(
             forms(&store),
             [("web-b".into(), true), ("web-c".into(), true)],
             "back at the cap, whole again"
         );
+        assert_eq!(store.slices_deflated(), 0);
         let HeldSlice::Whole(c) = &store.slices[&NsName::new("ns", "web-c")] else {
             unreachable!("asserted whole above")
         };

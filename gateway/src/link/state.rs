@@ -54,6 +54,10 @@ pub struct EngineStatus {
     pub objects_held: usize,
     /// Upstream objects held, by kind: what the link costs in memory.
     pub objects_by_kind: BTreeMap<&'static str, usize>,
+    /// Of the EndpointSlices held, those held deflated: the slices of services with more
+    /// endpoints upstream than `caps.maxEndpointsPerService`, kept for the cap to choose
+    /// from at about a fifth of their JSON's size.
+    pub slices_deflated: usize,
     /// Groups waiting to be published: coalescing, in line, or waiting for tokens.
     pub pending: usize,
     /// How long published changes waited, from their arrival to their publication. For
@@ -182,6 +186,7 @@ pub(super) fn link_state(engine: &Engine, counters: &UpstreamCounters) -> LinkSt
             objects_by_kind: (engine.objects_by_kind().into_iter())
                 .map(|(k, n)| (k.name(), n))
                 .collect(),
+            slices_deflated: engine.slices_deflated(),
             pending: engine.pending(),
             publication_delays: engine.publication_delays().clone(),
         },
@@ -278,7 +283,8 @@ pub(super) fn publish_state(
             || s.quarantine.transitions != state.quarantine.transitions
             || s.containment.transitions != state.containment.transitions
             || s.containment.contained != state.containment.contained
-            || s.engine.objects_by_kind != state.engine.objects_by_kind;
+            || s.engine.objects_by_kind != state.engine.objects_by_kind
+            || s.engine.slices_deflated != state.engine.slices_deflated;
         *s = state;
         changed
     });

@@ -189,6 +189,11 @@ impl HeldSlice {
         self.len() == 0
     }
 
+    /// True when held deflated.
+    pub fn is_deflated(&self) -> bool {
+        matches!(self, Self::Deflated(_))
+    }
+
     /// Its endpoints' keys and readiness.
     pub fn endpoints(&self) -> Box<dyn Iterator<Item = (&str, bool)> + '_> {
         match self {
