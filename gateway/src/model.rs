@@ -20,7 +20,7 @@ pub mod wanted;
 
 pub use endpoints::{EndpointsObject, HeldAddress, HeldSubset};
 pub use pod::PodObject;
-pub use slice::{DeflatedSlice, HeldSlice, SliceEndpoint, SliceObject};
+pub use slice::{DeflatedSlice, Dictionary, Form, HeldSlice, SliceEndpoint, SliceObject};
 
 /// The label the EndpointSlice controller puts on a slice: the name of its service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

@@ -141,6 +141,7 @@ pub fn cap(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Dictionary, Form};
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 
     fn mk_endpoint(ip: &str, ready: bool) -> Endpoint {
@@ -289,8 +290,9 @@ mod tests {
         assert_eq!((c.total, c.truncated), (3, 0));
     }
 
-    /// The cap chooses alike from slices held deflated: the same endpoints, the same slices,
-    /// those it keeps whole thawed and those it cuts written from the deflated JSON.
+    /// The cap chooses alike from slices held deflated (against their service's dictionary,
+    /// as the store deflates them): the same endpoints, the same slices, those it keeps whole
+    /// thawed and those it cuts written from the deflated JSON.
     #[test]
     fn deflated_slices_are_capped_as_whole_ones() {
         let slices = [
@@ -302,7 +304,8 @@ mod tests {
         let prev: HashSet<&str> = ["10.0.0.5"].into();
         let whole = cap_whole(&slices, None, &prev, 3);
         let mut held: Vec<HeldSlice> = slices.iter().cloned().map(HeldSlice::Whole).collect();
-        held.iter_mut().for_each(|s| s.reform(false));
+        let dictionary = Dictionary::from(slices[0].json().as_bytes());
+        (held.iter_mut()).for_each(|s| s.reform(Form::Deflated(Some(&dictionary))));
         assert!(held.iter().all(|s| matches!(s, HeldSlice::Deflated(_))));
         let deflated = cap(&held.iter().collect::<Vec<_>>(), None, &prev, 3);
         assert_eq!(ips(&deflated), ["10.0.0.1", "10.0.0.2", "10.0.0.5"]);

@@ -17,8 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 
 use crate::model::{
-    EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject, Server,
-    SliceEndpoint, SliceObject,
+    Dictionary, EndpointsObject, Form, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject,
+    Server, SliceEndpoint, SliceObject,
 };
 
 /// What a change touched.
@@ -57,6 +57,9 @@ pub struct Store {
     slice_endpoints: HashMap<NsName, usize>,
     /// Slices held deflated.
     deflated: usize,
+    /// What the slices of each service over the cap are deflated against: the JSON of the
+    /// slice that took it over, or of its first slice then.
+    dictionaries: HashMap<NsName, Dictionary>,
 }
 
 impl Store {
@@ -76,6 +79,7 @@ impl Store {
             servers: HashMap::new(),
             slice_endpoints: HashMap::new(),
             deflated: 0,
+            dictionaries: HashMap::new(),
         }
     }
 
@@ -239,8 +243,15 @@ impl Store {
                 .or_default()
                 .insert(id.clone());
         }
+        let form = match self.capped(svc) {
+            false => Form::Whole,
+            true => Form::Deflated(Some(
+                (self.dictionaries.entry(svc.clone()))
+                    .or_insert_with(|| slice.json().as_bytes().into()),
+            )),
+        };
         let mut held = HeldSlice::Whole(slice);
-        held.reform(!self.capped(svc));
+        held.reform(form);
         self.deflated += usize::from(held.is_deflated());
         self.slices.insert(id.clone(), held);
     }
@@ -253,14 +264,40 @@ impl Store {
     /// Holds every slice of `svc` as its count says (see [`Self::hold_slice`]): once, as it
     /// crosses the cap.
     fn reform(&mut self, svc: &NsName) {
-        let whole = !self.capped(svc);
+        let dictionary = match self.capped(svc) {
+            true => Some(self.dictionary(svc)),
+            false => {
+                self.dictionaries.remove(svc);
+                None
+            }
+        };
+        let form = match &dictionary {
+            Some(d) => Form::Deflated(d.as_ref()),
+            None => Form::Whole,
+        };
         for id in self.slices_by_service.get(svc).into_iter().flatten() {
             if let Some(s) = self.slices.get_mut(id) {
                 self.deflated -= usize::from(s.is_deflated());
-                s.reform(whole);
+                s.reform(form);
                 self.deflated += usize::from(s.is_deflated());
             }
         }
+    }
+
+    /// What the slices of `svc`, over the cap, are deflated against: the dictionary it has,
+    /// or else the JSON of its first slice held whole.
+    fn dictionary(&mut self, svc: &NsName) -> Option<Dictionary> {
+        if let Some(d) = self.dictionaries.get(svc) {
+            return Some(d.clone());
+        }
+        let first = (self.slices_by_service.get(svc)?.iter()).find_map(|id| {
+            match &self.slices.get(id)? {
+                HeldSlice::Whole(s) => Some(Dictionary::from(s.json().as_bytes())),
+                HeldSlice::Deflated(_) => None,
+            }
+        })?;
+        self.dictionaries.insert(svc.clone(), first.clone());
+        Some(first)
     }
 
     /// Takes what slice `id` of `svc` was (`old`) off its service's endpoint count; `moved`
@@ -535,7 +572,7 @@ mod tests {
         let a = slice(&[(1, true), (2, true), (3, true)]);
         assert_eq!(endpoints_changed(None, Some(&a)), 3, "all added");
         let mut deflated = HeldSlice::Whole(a.clone());
-        deflated.reform(false);
+        deflated.reform(Form::Deflated(None));
         // Held either way, the old state counts alike.
         for old in [HeldSlice::Whole(a), deflated] {
             let same = slice(&[(1, true), (2, true), (3, true)]);
@@ -604,6 +641,19 @@ mod tests {
             "over it, every slice deflated"
         );
         assert_eq!(store.slices_deflated(), 3);
+        // Against one dictionary: the JSON of web-c, the slice that took the service over.
+        let dictionaries: Vec<&Dictionary> = (store.slices.values())
+            .map(|s| {
+                s.dictionary()
+                    .expect("deflated against the service's dictionary")
+            })
+            .collect();
+        assert!(dictionaries.iter().all(|d| Arc::ptr_eq(d, dictionaries[0])));
+        let c = mk_slice("web", "web-c", &[(5, false)]);
+        let Object::EndpointSlice(c) = c else {
+            unreachable!("mk_slice makes slices")
+        };
+        assert_eq!(&dictionaries[0][..], c.json().as_bytes());
         let listed = |store: &Store| -> usize {
             let svc = NsName::new("ns", "web");
             store.slices_of(&svc).iter().map(|s| s.len()).sum()
@@ -630,6 +680,7 @@ mod tests {
             "back at the cap, whole again"
         );
         assert_eq!(store.slices_deflated(), 0);
+        assert!(store.dictionaries.is_empty(), "no dictionary held for it");
         let HeldSlice::Whole(c) = &store.slices[&NsName::new("ns", "web-c")] else {
             unreachable!("asserted whole above")
         };

@@ -411,7 +411,7 @@ impl<'de> Deserialize<'de> for SliceObject {
 
 mod deflated;
 
-pub use deflated::{DeflatedSlice, HeldSlice};
+pub use deflated::{DeflatedSlice, Dictionary, Form, HeldSlice};
 
 #[cfg(test)]
 mod tests;
