@@ -51,9 +51,45 @@ pub fn floodgate_bin() -> anyhow::Result<PathBuf> {
     sibling_bin("floodgate")
 }
 
-/// A loopback address nothing listens on right now (bound and released; good enough on a
-/// test machine).
+/// A loopback address nothing listens on right now, for a child to listen on: bound and
+/// released here, then bound by the child.
+///
+/// The port is taken below the kernel's ephemeral range (`ip_local_port_range`), never from it:
+/// a port of that range released here could be handed to another test's outgoing connection
+/// before the child binds it, and the child then failed to start (`binding gRPC to
+/// 127.0.0.1:37521`, in a CI run). Each test process walks the ports below the range from a
+/// start of its own, so two processes rarely try one port at the same moment, and one never
+/// hands out a port twice.
 pub fn free_addr() -> SocketAddr {
+    use std::hash::BuildHasher as _;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    // Above the ports services usually take; the whole range when the ephemeral one starts low.
+    let (low, high) = (10_000, ephemeral_low.min(65_536));
+    if high <= low + 1_000 {
+        return bind_any();
+    }
+    let next = NEXT.get_or_init(|| {
+        let seed = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        AtomicU32::new((seed % u64::from(high - low)) as u32)
+    });
+    for _ in 0..1_000 {
+        let port = low + next.fetch_add(1, Ordering::Relaxed) % (high - low);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port as u16));
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    bind_any()
+}
+
+/// A port the kernel chooses, from its ephemeral range.
+fn bind_any() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
