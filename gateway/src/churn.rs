@@ -100,11 +100,12 @@ pub struct Fetched {
 pub enum Answer {
     /// The pod, admitted as the pod watcher admits pods.
     Found(Object),
-    /// No such pod, or one the pod watcher refuses too: the watcher sends it if it comes
-    /// (or changes), so it is not asked for again.
+    /// No such pod, one the pod watcher refuses too, or one the remote refuses to GET (the
+    /// pod watcher lists and watches it all the same): the watcher sends it if it comes (or
+    /// changes), so it is not asked for again.
     Absent,
-    /// The remote did not answer: asked for again at a publication that still lacks it,
-    /// unless an event brings it first.
+    /// The remote did not answer (a connection or a timeout failed): asked for again at a
+    /// publication that still lacks it, unless an event brings it first.
     Failed,
 }
 

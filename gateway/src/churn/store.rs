@@ -264,16 +264,17 @@ impl Store {
     /// Holds every slice of `svc` as its count says (see [`Self::hold_slice`]): once, as it
     /// crosses the cap.
     fn reform(&mut self, svc: &NsName) {
-        let dictionary = match self.capped(svc) {
-            true => Some(self.dictionary(svc)),
+        let capped = self.capped(svc);
+        let dictionary = match capped {
+            true => self.dictionary(svc),
             false => {
                 self.dictionaries.remove(svc);
                 None
             }
         };
-        let form = match &dictionary {
-            Some(d) => Form::Deflated(d.as_ref()),
-            None => Form::Whole,
+        let form = match capped {
+            true => Form::Deflated(dictionary.as_ref()),
+            false => Form::Whole,
         };
         for id in self.slices_by_service.get(svc).into_iter().flatten() {
             if let Some(s) = self.slices.get_mut(id) {

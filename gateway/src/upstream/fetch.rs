@@ -20,8 +20,11 @@ use crate::model::{Kind, Object};
 const FETCH_CONCURRENCY: usize = 8;
 
 /// Fetches the pods the engine asked for ([`crate::churn::Effect::FetchPods`]) and sends each
-/// answer as [`Change::Fetched`]: the pod, its absence (a pod refused as the watcher refuses
-/// it is absent too: the watcher refuses its events), or the remote's failure to answer.
+/// answer as [`Change::Fetched`]: the pod, or its absence, or the remote's failure to answer.
+/// A pod refused as the watcher refuses it is absent (the watcher refuses its events too), and
+/// so is one the remote refuses to GET (403, say: the pod watcher, which lists and watches,
+/// still brings it), so neither is asked for again. Only a remote that did not answer fails,
+/// and the engine asks again.
 pub async fn fetch_pods(
     client: Client,
     fetch: Fetch,
@@ -36,8 +39,9 @@ pub async fn fetch_pods(
             async move { (api.get_opt(&id.name).await, id) }
         })
         .buffer_unordered(FETCH_CONCURRENCY);
-    // One line a batch, not one a pod: a batch fails whole when the remote is down.
-    let mut failed: Option<(usize, String)> = None;
+    // One line a batch, not one a pod. A refusal is a WARN: it is not asked again. A remote
+    // that did not answer is asked again, and the link reports its outage itself: DEBUG.
+    let mut refused: Option<(usize, String)> = None;
     while let Some((result, pod)) = results.next().await {
         let answer = match result {
             // Admitted as the pod watcher admits pods.
@@ -49,11 +53,15 @@ pub async fn fetch_pods(
                 }
             },
             Ok(None) => Answer::Absent,
+            Err(e @ kube::Error::Api(_)) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                let (n, _) = refused.get_or_insert_with(|| (0, format!("{pod}: {e}")));
+                *n += 1;
+                Answer::Absent
+            }
             Err(e) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%pod, error = %e, "fetching a pod failed");
-                let (n, _) = failed.get_or_insert_with(|| (0, format!("{pod}: {e}")));
-                *n += 1;
+                tracing::debug!(%pod, error = %e, "fetching a pod failed; asked again later");
                 Answer::Failed
             }
         };
@@ -66,11 +74,11 @@ pub async fn fetch_pods(
             return;
         }
     }
-    if let Some((pods, first)) = failed {
+    if let Some((pods, first)) = refused {
         tracing::warn!(
             pods,
             first = %first,
-            "fetching pods failed; each is asked for again at its service's next publication, or served from its next event"
+            "the remote refused fetching pods; each is served from its next event"
         );
     }
 }

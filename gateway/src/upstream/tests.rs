@@ -32,6 +32,11 @@ fn pod(name: &str, note: &str) -> Object {
 
 /// A client of a facade serving `view` on a loopback port.
 async fn remote(view: View) -> kube::Client {
+    remote_as(view, "t0k3n").await
+}
+
+/// A client presenting `token` to a facade serving `view` (whose token is `t0k3n`).
+async fn remote_as(view: View, token: &str) -> kube::Client {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -43,7 +48,7 @@ async fn remote(view: View) -> kube::Client {
         std::future::pending(),
     ));
     let mut cfg = kube::Config::new(url.parse().expect("url"));
-    cfg.auth_info.token = Some("t0k3n".to_owned().into());
+    cfg.auth_info.token = Some(token.to_owned().into());
     super::client(cfg).expect("client")
 }
 
@@ -131,6 +136,26 @@ async fn a_fetch_the_remote_does_not_answer_fails() {
     failed.sort();
     assert_eq!(failed, ["a", "b"].map(|n| NsName::new("prod", n)));
     assert_eq!(counters.errors.load(Ordering::Relaxed), 2);
+}
+
+/// A GET the remote refuses (here 401: a wrong token) is an answer: the pod is absent to the
+/// engine, which leaves it to the pod watcher rather than asking again at every publication.
+#[tokio::test]
+async fn a_fetch_the_remote_refuses_is_absent() {
+    let client = remote_as(View::new(1, 100), "wrong").await;
+    let counters = Arc::new(UpstreamCounters::default());
+    let (tx, mut rx) = mpsc::channel(8);
+    let pods = vec![NsName::new("prod", "a")];
+    fetch_pods(client, Fetch { ticket: 1, pods }, 1, tx, counters.clone()).await;
+    let Some(Message {
+        change: Change::Fetched(f),
+        ..
+    }) = rx.recv().await
+    else {
+        panic!("an answer")
+    };
+    assert!(matches!(f.answer, Answer::Absent), "{:?}", f.answer);
+    assert_eq!(counters.errors.load(Ordering::Relaxed), 1);
 }
 
 /// A watch the remote ends with 410 is the remote answering (the watcher relists by itself);

@@ -16,7 +16,6 @@
 //!   before the pod was wanted anew, is dropped.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 
 use smallvec::SmallVec;
 
@@ -102,17 +101,15 @@ impl Wanted {
 
     /// `svc` no longer wants `pod`: true when no service wants it any more.
     pub fn release(&mut self, pod: &NsName, svc: &NsName) -> bool {
-        let Entry::Occupied(mut w) = self.pods.entry(pod.clone()) else {
+        let Some(w) = self.pods.get_mut(pod) else {
             return false;
         };
-        w.get_mut().by.retain(|s| s != svc);
-        if !w.get().by.is_empty() {
+        w.by.retain(|s| s != svc);
+        if !w.by.is_empty() {
             return false;
         }
-        if matches!(w.get().bringing, Bringing::Asked(_)) {
-            self.in_flight -= 1;
-        }
-        w.remove();
+        self.in_flight -= usize::from(matches!(w.bringing, Bringing::Asked(_)));
+        self.pods.remove(pod);
         true
     }
 
