@@ -333,6 +333,22 @@ pub async fn service_names(c: &kube::Client) -> Option<BTreeSet<String>> {
 }
 
 /// Who holds link `link`'s Lease.
+/// The base of the view's versions link `link`'s Lease records for its holder
+/// (`floodgate.dev/view-base`).
+pub fn lease_view_base(local: &RunningLocal, link: &str) -> Option<u64> {
+    local
+        .store
+        .objects("leases")
+        .into_iter()
+        .find(|l| l["metadata"]["name"] == lease::lease_name(link).as_str())
+        .and_then(|l| {
+            l["metadata"]["annotations"][lease::VIEW_BASE_ANNOTATION]
+                .as_str()?
+                .parse()
+                .ok()
+        })
+}
+
 pub fn lease_holder(local: &RunningLocal, link: &str) -> Option<String> {
     local
         .store

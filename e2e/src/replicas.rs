@@ -109,6 +109,38 @@ impl Fleet {
         &found.unwrap_or_else(|| panic!("no replica {identity}")).1
     }
 
+    /// For each link, `<link>: recorded <base>, served <base>`, and ` same` when they agree:
+    /// the base of the versions its Lease records for its holder's view, and the base of the
+    /// version a list through the holder answers with (a Floodgate version's high bits).
+    pub async fn view_bases(&self) -> Vec<String> {
+        let mut bases = Vec::new();
+        for link in &self.links {
+            let recorded = cluster::lease_view_base(&self.local, link);
+            let mut served = None;
+            let holder = lease_holder(&self.local, link);
+            let live = holder.filter(|h| self.replicas.iter().any(|(id, _)| id == h));
+            if let Some(holder) = live
+                && let Ok(client) = self.consumer(&holder, link).await
+            {
+                let listed = (Api::<Service>::all(client))
+                    .list(&ListParams::default())
+                    .await;
+                served = (listed.ok())
+                    .and_then(|l| l.metadata.resource_version?.parse::<u64>().ok())
+                    .map(|rv| rv >> 40 << 40);
+            }
+            let same = if recorded.is_some() && recorded == served {
+                " same"
+            } else {
+                ""
+            };
+            bases.push(format!(
+                "{link}: recorded {recorded:?}, served {served:?}{same}"
+            ));
+        }
+        bases
+    }
+
     /// Each link's Lease holder, in the order the links were given.
     pub fn holders(&self) -> Vec<Option<String>> {
         (self.links.iter())
@@ -351,6 +383,10 @@ pub struct Spread {
     /// after a remote change made at the end (`<replica>/<link>: ADDED api` when its watch,
     /// opened before the fourth replica joined, lasted through the hand-over and the SIGKILL).
     pub consumers: Vec<String>,
+    /// Each link's Lease at the end: `<link>: recorded <base>, served <base>`, the base of
+    /// the versions its Lease records for the holder's view, and the base of the version a
+    /// list through the holder answers with.
+    pub view_bases: Vec<String>,
 }
 
 /// Four Links: one replica, then three (the links 2, 1, 1), then a fourth that takes one link
@@ -426,6 +462,16 @@ pub async fn spread(dir: &Path) -> anyhow::Result<Spread> {
     )
     .await;
     let watches_most = sampler.stop().await;
+    let mut view_bases = Vec::new();
+    until(
+        10,
+        "every Lease records its holder's view base",
+        async || {
+            view_bases = fleet.view_bases().await;
+            view_bases.iter().all(|b| b.ends_with(" same"))
+        },
+    )
+    .await;
     Ok(Spread {
         watches_one_replica,
         watches_most,
@@ -433,5 +479,6 @@ pub async fn spread(dir: &Path) -> anyhow::Result<Spread> {
         joined_s: joined.as_secs_f64(),
         moved_s: moved.as_secs_f64(),
         consumers,
+        view_bases,
     })
 }

@@ -164,7 +164,8 @@ async fn a_second_replica_takes_over_when_the_holder_stops() {
 
 /// The writer writes only while the lease loop holds the Lease: another holder taking the
 /// Lease empties the held set at the next renewal, and from then on nothing is written for
-/// that link (checked with a second, still held link whose write comes after).
+/// that link (checked with a second, still held link whose write comes after). The holder
+/// records the base of its view's versions on the Leases whose base it knows.
 #[tokio::test]
 async fn losing_the_lease_stops_writing() {
     let local = RunningLocal::start().await.expect("local cluster");
@@ -191,12 +192,25 @@ async fn losing_the_lease_stops_writing() {
             links: wanted,
             reading: watch::channel(BTreeSet::new()).1,
             synced: watch::channel(BTreeSet::from(["east".into(), "west".into()])).1,
+            view_bases: watch::channel([("east".to_owned(), 7 << 40)].into()).1,
         },
         held_tx,
         kube::runtime::reflector::store().1,
         shutdown,
     ));
     until(10, "a holds both", async || held.borrow().len() == 2).await;
+    let recorded = |lease: &Lease| {
+        let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+        annotations.get(lease::VIEW_BASE_ANNOTATION).cloned()
+    };
+    let east = leases.get(&lease::lease_name("east")).await.expect("lease");
+    assert_eq!(
+        recorded(&east),
+        Some((7u64 << 40).to_string()),
+        "the holder records its view's base"
+    );
+    let west = leases.get(&lease::lease_name("west")).await.expect("lease");
+    assert_eq!(recorded(&west), None, "no base known, none recorded");
 
     // Someone else holds east now (as after a partition: a's claim looked expired to them).
     let mut stolen = leases.get(&lease::lease_name("east")).await.expect("lease");
@@ -677,11 +691,13 @@ async fn two_replicas_share_two_links_and_each_remote_is_watched_once() {
 /// view, the link's versions would begin below the holder's, and the holder's consumers,
 /// following it, would have to relist. It takes the link once the Lease given back has stayed
 /// free half a Lease duration longer than it lasts (1 s), before the holder (at its share)
-/// would take it back, and serves it from the remote.
+/// would take it back, and serves it from the remote. Its versions go on above the holder's
+/// (the base the holder recorded on the Lease), so a consumer that watched the link through
+/// the old holder from before keeps its watch and sees the next remote change.
 #[tokio::test]
 async fn a_replica_that_cannot_sync_the_holders_view_takes_a_handed_link_only_later() {
     let local = RunningLocal::start().await.expect("local cluster");
-    let (sim, _cluster) = remote(&["web"]).await;
+    let (sim, mut cluster) = remote(&["web"]).await;
     add_link(&local, "east", &sim, mk_link("east")).await;
     add_link(&local, "west", &sim, mk_link("west")).await;
     let a = Replica::start_behind_relay(&local, "replica-a").await;
@@ -690,6 +706,17 @@ async fn a_replica_that_cannot_sync_the_holders_view_takes_a_handed_link_only_la
         holders() == [Some("replica-a".into()), Some("replica-a".into())]
     })
     .await;
+    // A consumer of each link through a, watching from its list's version.
+    let services = |c: &kube::Client| Api::<Service>::all(c.clone());
+    let mut watches = Vec::new();
+    for link in ["east", "west"] {
+        let on_a = a.consumer(link, &token(link)).await;
+        let listed = (services(&on_a).list(&ListParams::default()).await).expect("a list");
+        let from = listed.metadata.resource_version.expect("a list version");
+        let params = kube::api::WatchParams::default().timeout(290);
+        let watch = (services(&on_a).watch(&params, &from).await).expect("a watch");
+        watches.push((from, Box::pin(watch)));
+    }
     a.relay.as_ref().expect("a relay").cut();
     let joined = std::time::Instant::now();
     let b = Replica::start_beside(&local, "replica-b", &a).await;
@@ -723,6 +750,28 @@ async fn a_replica_that_cannot_sync_the_holders_view_takes_a_handed_link_only_la
         "both links are held: {:?}",
         holders()
     );
+    let served = (services(&on_b).list(&ListParams::default()).await)
+        .expect("a list through b")
+        .metadata
+        .resource_version
+        .expect("a version");
+    let i = usize::from(link == "west");
+    let base = |rv: &str| rv.parse::<u64>().expect("a number") >> 40;
+    assert!(
+        base(&served) > base(&watches[i].0),
+        "b's versions ({served}) go on above a's ({})",
+        watches[i].0
+    );
+    cluster.add_service("api", true);
+    cluster.scale("api", 2, true);
+    for (from, watch) in &mut watches {
+        let first = next_change(watch, 30).await;
+        assert_eq!(
+            first.as_ref().map(describe).as_deref(),
+            Some("ADDED api"),
+            "the watch through a from {from} goes on through the hand-over"
+        );
+    }
     b.stop().await;
     a.stop().await;
 }

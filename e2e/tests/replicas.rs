@@ -63,6 +63,11 @@ async fn links_spread_over_replicas_that_join_and_die_and_each_remote_is_watched
         s.watches_most, s.watches_one_replica,
         "the remote never served more watches than one replica's"
     );
+    assert!(
+        s.view_bases.iter().all(|b| b.ends_with(" same")),
+        "every Lease records the base of its holder's versions: {:?}",
+        s.view_bases
+    );
     let seen: Vec<&str> = (s.consumers.iter())
         .filter_map(|c| c.split_once(": ").map(|(_, e)| e))
         .collect();

@@ -322,6 +322,7 @@ fn spawn_lease_loop(
     let (wanted_tx, links) = watch::channel(BTreeSet::new());
     let (reading_tx, reading) = watch::channel(BTreeSet::new());
     let (synced_tx, synced) = watch::channel(BTreeSet::new());
+    let (view_bases_tx, view_bases) = watch::channel(Default::default());
     let (held_tx, held) = watch::channel(BTreeSet::new());
     let claimant = lease::Claimant {
         identity: args.identity.clone(),
@@ -331,6 +332,7 @@ fn spawn_lease_loop(
         links,
         reading,
         synced,
+        view_bases,
     };
     let task = tokio::spawn(lease::run(
         leases, claimant, timing, links, held_tx, seen, shutdown,
@@ -339,6 +341,7 @@ fn spawn_lease_loop(
         links: wanted_tx,
         reading: reading_tx,
         synced: synced_tx,
+        view_bases: view_bases_tx,
     };
     (task, wanted, held)
 }

@@ -20,6 +20,7 @@ use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::kubeapi::status::StatusError;
 use crate::model::NsName;
 use crate::persist::LinkDir;
+use crate::view::replica::NewTerm;
 use crate::view::{DEFAULT_HISTORY, View};
 
 /// Upstream messages waiting for the engine. When the engine falls behind, the watchers wait:
@@ -71,7 +72,7 @@ pub enum Command {
     Quarantine(String, oneshot::Sender<Result<Transition, RequestError>>),
     /// Reach the remote this new way (rotated credentials): the upstream reconnects and
     /// relists while the view, its versions and its watches carry on.
-    Reconnect(Reconnect, Option<u32>),
+    Reconnect(Reconnect, Option<NewTerm>),
     /// Follow the Lease holder's view, version for version, through its facade (this way):
     /// the upstream stops and the engine publishes nothing until a [`Command::Reconnect`]
     /// takes the link over from the view followed.
@@ -173,16 +174,15 @@ impl LinkHandle {
     /// Swaps how the link reaches its remote (new credentials): the upstream watchers stop,
     /// the link connects again and relists, and only real differences reach the view, whose
     /// consumers keep their watches and versions.
-    /// A link that followed the holder takes it over from its view, in a term whose base
-    /// steps by `transitions` (the Lease's, so two replicas that take it in turn differ; a
-    /// random step without).
+    /// A link that followed the holder takes it over from its view, in a term of its own
+    /// (`term`, from the Lease; [`NewTerm::random`] without).
     pub async fn reconnect(
         &self,
         connect: Connect,
-        transitions: Option<u32>,
+        term: Option<NewTerm>,
     ) -> Result<(), LinkError> {
         self.commands
-            .send(Command::Reconnect(Reconnect(connect), transitions))
+            .send(Command::Reconnect(Reconnect(connect), term))
             .await
             .map_err(|_| LinkError::Stopped)
     }

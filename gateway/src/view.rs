@@ -270,6 +270,12 @@ impl View {
         s.base | s.counter
     }
 
+    /// The base of the versions the view issues now (its term's): every version it issues is
+    /// above it, and every version of an earlier term below.
+    pub fn term_base(&self) -> u64 {
+        self.read().base
+    }
+
     /// Applies one publication. Changes that change nothing are skipped. Returns the events.
     ///
     /// Readers are held up only while the encoded objects go in: what each change replaces is

@@ -1,7 +1,7 @@
 //! The controller's own loop, a status tick at a time: the Links it reads, the links it runs
 //! ([`Runs`]), and where their statuses, the Leases it wants and its readiness go.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ pub(super) struct Wanted {
     pub(super) reading: watch::Sender<BTreeSet<String>>,
     /// The links whose view this replica could go on from as their holder.
     pub(super) synced: watch::Sender<BTreeSet<String>>,
+    /// The base of the versions each link's view serves now, recorded on its Lease.
+    pub(super) view_bases: watch::Sender<BTreeMap<String, u64>>,
 }
 
 /// The controller's loop: the Links it reads, the links it runs, and where their statuses,
@@ -63,12 +65,9 @@ impl Control {
             (&self.wanted.synced, synced),
         ];
         for (tx, now) in told {
-            tx.send_if_modified(|was| {
-                let changed = *was != now;
-                *was = now;
-                changed
-            });
+            tell(tx, now);
         }
+        tell(&self.wanted.view_bases, self.runs.view_bases());
         if self.runs.settled(&links) {
             self.listed_tx.send_replace(true);
         }
@@ -178,4 +177,13 @@ impl Tick<'_> {
             status: next,
         });
     }
+}
+
+/// Sends `now` to the lease loop when it differs from what it was told last.
+fn tell<T: PartialEq>(tx: &watch::Sender<T>, now: T) {
+    tx.send_if_modified(|was| {
+        let changed = *was != now;
+        *was = now;
+        changed
+    });
 }

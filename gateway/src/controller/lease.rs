@@ -8,15 +8,15 @@
 //! writer stops before another replica can take over. A replica that drains gives its Leases
 //! back ([`give_back`]), and the others, watching the Leases, take them at once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
 
 /// What the name of every link's Lease starts with.
@@ -79,10 +79,6 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: jiff::Timestamp) ->
     }
 }
 
-/// The annotation on a link's Lease where its holder says where its facade is: the other
-/// replicas watch the link there instead of its remote.
-pub const FACADE_ANNOTATION: &str = "floodgate.dev/facade";
-
 /// Who claims the Leases: this replica's identity, and where the other replicas reach its
 /// facade (written on the Leases it holds, [`FACADE_ANNOTATION`]).
 #[derive(Clone, Debug)]
@@ -93,14 +89,17 @@ pub struct Claimant {
     pub facade: Option<String>,
 }
 
-/// Tries once to hold `link`'s Lease as `me`. `Ok(true)`: held until `now + duration`.
+/// Tries once to hold `link`'s Lease as `me`, recording `view_base` (the base of the
+/// versions this replica's view of the link serves, [`VIEW_BASE_ANNOTATION`]) when known.
+/// `Ok(true)`: held until `now + duration`.
 pub async fn try_hold(
     api: &Api<Lease>,
     link: &str,
     me: &Claimant,
     timing: LeaseTiming,
+    view_base: Option<u64>,
 ) -> Result<bool, kube::Error> {
-    try_hold_named(api, lease_name(link), me, timing).await
+    try_hold_named(api, lease_name(link), me, timing, view_base).await
 }
 
 async fn try_hold_named(
@@ -108,6 +107,7 @@ async fn try_hold_named(
     name: String,
     me: &Claimant,
     timing: LeaseTiming,
+    view_base: Option<u64>,
 ) -> Result<bool, kube::Error> {
     let (identity, facade) = (me.identity.as_str(), me.facade.as_deref());
     let now = jiff::Timestamp::now();
@@ -121,11 +121,12 @@ async fn try_hold_named(
     let result = match (existing, decision) {
         (_, Decision::Leave) => return Ok(false),
         (None, _) => {
+            let mut annotations = std::collections::BTreeMap::new();
+            annotate(&mut annotations, facade, view_base);
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
-                    annotations: facade
-                        .map(|f| [(FACADE_ANNOTATION.to_owned(), f.to_owned())].into()),
+                    annotations: Some(annotations).filter(|a| !a.is_empty()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
@@ -152,10 +153,7 @@ async fn try_hold_named(
                 .metadata
                 .annotations
                 .get_or_insert_with(Default::default);
-            match facade {
-                Some(f) => annotations.insert(FACADE_ANNOTATION.to_owned(), f.to_owned()),
-                None => annotations.remove(FACADE_ANNOTATION),
-            };
+            annotate(annotations, facade, view_base);
             // The resourceVersion read makes this a compare-and-swap: a 409 is a lost race.
             api.replace(&name, &PostParams::default(), &lease)
                 .await
@@ -166,6 +164,22 @@ async fn try_hold_named(
         Ok(()) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Writes a holder's annotations: its facade (removed when it has none) and the base of its
+/// view's versions (kept as recorded when it does not know one: the last holder's stands).
+fn annotate(
+    annotations: &mut std::collections::BTreeMap<String, String>,
+    facade: Option<&str>,
+    view_base: Option<u64>,
+) {
+    match facade {
+        Some(f) => annotations.insert(FACADE_ANNOTATION.to_owned(), f.to_owned()),
+        None => annotations.remove(FACADE_ANNOTATION),
+    };
+    if let Some(base) = view_base {
+        annotations.insert(VIEW_BASE_ANNOTATION.to_owned(), base.to_string());
     }
 }
 
@@ -204,56 +218,14 @@ async fn give_back_named(
 const REPLICA_PREFIX: &str = "floodgate-replica-";
 
 mod balance;
+mod records;
 
 pub use balance::share;
 use balance::{loads, over_balance, worth_taking};
-
-/// The `leaseTransitions` of link `link`'s Lease since this replica (`me`) took it, as
-/// `leases` shows it: the Lease's own count once the cache has this replica's take, one above
-/// the previous holder's while it still shows theirs (the take added one). Two replicas that
-/// take a Lease one after the other count different transitions, so the terms they begin in
-/// the link's view ([`crate::view::View::begin_own_term`]) take different bases.
-pub fn transitions_since_taken(
-    leases: &Store<Lease>,
-    namespace: &str,
-    link: &str,
-    me: &str,
-) -> Option<u32> {
-    let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(namespace))?;
-    let spec = lease.spec.as_ref()?;
-    let counted = u32::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0);
-    let taken = spec.holder_identity.as_deref() == Some(me);
-    Some(if taken { counted } else { counted + 1 })
-}
-
-/// The holder of link `link`'s Lease as `leases` (the lease loop's cache) last saw it: the
-/// replica that decides for the link, or `None` while nobody does.
-pub fn holder(leases: &Store<Lease>, namespace: &str, link: &str) -> Option<String> {
-    let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(namespace))?;
-    (lease.spec.as_ref()?.holder_identity.clone()).filter(|h| !h.is_empty())
-}
-
-/// Where the live holder of link `link`'s Lease serves it, as `leases` last saw it: its
-/// identity and its facade's `host:port`. `None` while nobody holds the Lease, its claim has
-/// lapsed, or its holder says no address.
-pub fn holder_facade(
-    leases: &Store<Lease>,
-    namespace: &str,
-    link: &str,
-) -> Option<(String, String)> {
-    let lease = leases.get(&ObjectRef::new(&lease_name(link)).within(namespace))?;
-    let holder = holder(leases, namespace, link)?;
-    // Judged as a replica that wants it would: a claim that lapsed is nobody's.
-    if decide(lease.spec.as_ref(), "", jiff::Timestamp::now()) != Decision::Leave {
-        return None;
-    }
-    let facade = lease
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(FACADE_ANNOTATION)?;
-    Some((holder, facade.clone()))
-}
+pub use records::{
+    FACADE_ANNOTATION, VIEW_BASE_ANNOTATION, holder, holder_facade, recorded_view_base,
+    transitions_since_taken,
+};
 
 /// Yields whenever a link's Lease has no holder (given back by a replica that drains, or new):
 /// the replicas that want it try at once rather than at their next renewal. The Leases seen
@@ -293,6 +265,9 @@ pub struct Links {
     /// remote, or it holds the whole view of the holder it follows. A free Lease of any other
     /// waits a Lease duration for a replica whose view does ([`balance::worth_taking`]).
     pub synced: watch::Receiver<BTreeSet<String>>,
+    /// The base of the versions each link's view serves now, recorded on the Leases this
+    /// replica holds ([`VIEW_BASE_ANNOTATION`]).
+    pub view_bases: watch::Receiver<BTreeMap<String, u64>>,
 }
 
 /// Keeps holding this replica's share of the Leases of the links in `links`, publishing the
@@ -310,6 +285,7 @@ pub async fn run(
         mut links,
         reading,
         mut synced,
+        view_bases,
     }: Links,
     held: watch::Sender<BTreeSet<String>>,
     seen: Writer<Lease>,
@@ -335,7 +311,7 @@ pub async fn run(
             Ok(()) = links.changed() => {}
             Ok(()) = synced.changed() => {}
         }
-        if let Err(e) = try_hold_named(&api, presence.clone(), &me, timing).await {
+        if let Err(e) = try_hold_named(&api, presence.clone(), &me, timing, None).await {
             tracing::warn!(error = %e, "cannot renew this replica's presence Lease");
         }
         let wanted = links.borrow().clone();
@@ -365,7 +341,8 @@ pub async fn run(
                 continue;
             }
             let started = tokio::time::Instant::now();
-            let ok = match try_hold(&api, link, &me, timing).await {
+            let view_base = view_bases.borrow().get(link).copied();
+            let ok = match try_hold(&api, link, &me, timing, view_base).await {
                 Ok(ok) => ok,
                 Err(e) => {
                     tracing::warn!(%link, error = %e, "cannot renew the link's lease");
@@ -445,7 +422,7 @@ async fn hand_over(
     still_reading: bool,
 ) -> Option<String> {
     if still_reading {
-        if let Err(e) = try_hold(api, &link, me, timing).await {
+        if let Err(e) = try_hold(api, &link, me, timing, None).await {
             tracing::warn!(%link, error = %e, "cannot renew the Lease of a link handed over");
         }
         return Some(link);
@@ -461,62 +438,4 @@ async fn hand_over(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(holder: &str, renewed_secs_ago: i64, now: jiff::Timestamp) -> LeaseSpec {
-        LeaseSpec {
-            holder_identity: Some(holder.into()),
-            lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(
-                now - jiff::SignedDuration::from_secs(renewed_secs_ago),
-            )),
-            ..LeaseSpec::default()
-        }
-    }
-
-    /// The transitions a take made, whether the cache has the take yet or still the last
-    /// holder's Lease: two replicas taking in turn count different ones.
-    #[test]
-    fn a_take_counts_its_own_transition_before_the_cache_shows_it() {
-        let now = jiff::Timestamp::now();
-        let (reader, mut writer) = kube::runtime::reflector::store::<Lease>();
-        let mut put = |holder: &str, transitions: i32| {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(lease_name("east")),
-                    namespace: Some("ns".into()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    lease_transitions: Some(transitions),
-                    ..spec(holder, 0, now)
-                }),
-            };
-            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
-        };
-        put("h1", 4);
-        // f took it from h1 (the take made 5); its cache still shows h1's Lease.
-        assert_eq!(transitions_since_taken(&reader, "ns", "east", "f"), Some(5));
-        put("f", 5);
-        assert_eq!(transitions_since_taken(&reader, "ns", "east", "f"), Some(5));
-        // g took it from f (the take made 6).
-        assert_eq!(transitions_since_taken(&reader, "ns", "east", "g"), Some(6));
-        assert_eq!(transitions_since_taken(&reader, "ns", "west", "g"), None);
-    }
-
-    #[test]
-    fn a_live_lease_of_another_replica_is_left_an_expired_one_taken() {
-        let now = jiff::Timestamp::from_second(1_700_000_000).expect("time");
-        assert_eq!(decide(None, "a", now), Decision::Take);
-        assert_eq!(decide(Some(&spec("a", 3, now)), "a", now), Decision::Renew);
-        assert_eq!(decide(Some(&spec("b", 3, now)), "a", now), Decision::Leave);
-        assert_eq!(decide(Some(&spec("b", 16, now)), "a", now), Decision::Take);
-        assert_eq!(decide(Some(&spec("", 1, now)), "a", now), Decision::Take);
-        let never_renewed = LeaseSpec {
-            holder_identity: Some("b".into()),
-            ..LeaseSpec::default()
-        };
-        assert_eq!(decide(Some(&never_renewed), "a", now), Decision::Take);
-    }
-}
+mod tests;

@@ -3,7 +3,7 @@
 //! first looks for its last good view on a peer ([`peers`]), in a task of its own, so no other
 //! link waits for it; a Link the cache no longer holds stops.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use floodgate_link_crd::Link;
@@ -17,6 +17,7 @@ use super::{peers, trigger};
 use crate::credentials::{self, RemoteKubeconfig};
 use crate::link::{self, LinkHandle};
 use crate::registry::Registry;
+use crate::view::replica::NewTerm;
 
 /// Where a running link reads its remote's objects from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,8 +55,8 @@ impl std::fmt::Display for Upstream {
 #[derive(Clone)]
 pub(super) enum Switch {
     /// Read the remote with these credentials; after following the holder, take the link
-    /// over under a term made from the Lease's transitions.
-    Read(crate::link::Connect, Option<u32>),
+    /// over under a term made from its Lease (its transitions, its last holder's base).
+    Read(crate::link::Connect, Option<NewTerm>),
     /// Follow the holder's view through its facade, reached this way.
     Follow(crate::link::Connect),
     /// Read nothing (the string says why); the view keeps serving.
@@ -263,15 +264,21 @@ impl Runs {
             holder @ Upstream::Holder { .. } => {
                 Switch::Follow(connect(&self.shared, &r.desired, holder))
             }
-            Upstream::Remote => {
-                let (holders, ns) = (&self.shared.holders, &self.shared.namespace);
-                let me = &self.shared.identity;
-                let transitions = super::lease::transitions_since_taken(holders, ns, name, me);
-                Switch::Read(connect(&self.shared, &r.desired, &want), transitions)
-            }
+            Upstream::Remote => Switch::Read(
+                connect(&self.shared, &r.desired, &want),
+                Some(new_term(&self.shared, name)),
+            ),
         };
         r.upstream.send_replace(want);
         r.switch.send_replace(Some(switch));
+    }
+
+    /// The base of the versions each running link's view serves now: what the Leases this
+    /// replica holds record ([`super::lease::VIEW_BASE_ANNOTATION`]).
+    pub(super) fn view_bases(&self) -> BTreeMap<String, u64> {
+        (self.running.iter())
+            .map(|(name, r)| (name.clone(), r.handle.view.term_base()))
+            .collect()
     }
 
     /// The links that read their remote now: those that should, and those handed over whose
@@ -347,6 +354,12 @@ impl Runs {
         };
         let connect = connect(shared, &d, &upstream);
         let connect_again = connect.clone();
+        // Reading the remote while another replica's view served the link (it gave the Lease
+        // back, or lost it, before this replica's view could follow it): its versions go on
+        // above that view's, so no other replica's consumers see them go down.
+        let term = (upstream == Upstream::Remote && shared.peers.is_some())
+            .then(|| new_term(shared, &d.name))
+            .filter(|t| t.above > 0);
         let handle = Arc::new(link::spawn_restored(
             &d.name,
             d.spec.clone(),
@@ -360,6 +373,9 @@ impl Runs {
         ));
         // A link starts measuring only: the lease loop's held set makes the holder decide (at the
         // next status tick), so no replica acts on a flood before it knows it holds the Lease.
+        if let Some(term) = term.filter(|t| t.above >= handle.view.term_base()) {
+            handle.view.begin_own_term(term);
+        }
         let (deciding, deciding_rx) = watch::channel(false);
         tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
         let (switch, switch_rx) = watch::channel(None);
@@ -442,5 +458,17 @@ async fn forward_switches(handle: Arc<LinkHandle>, mut switches: watch::Receiver
         if sent.is_err() {
             return;
         }
+    }
+}
+
+/// The term link `name`'s view begins when this replica takes it over: stepped by the Lease's
+/// transitions (random while the cache does not show the Lease), above the base its last
+/// holder recorded.
+fn new_term(shared: &Shared, name: &str) -> NewTerm {
+    let (holders, ns) = (&shared.holders, &shared.namespace);
+    NewTerm {
+        step: super::lease::transitions_since_taken(holders, ns, name, &shared.identity)
+            .unwrap_or_else(credentials::incarnation),
+        above: super::lease::recorded_view_base(holders, ns, name),
     }
 }

@@ -34,6 +34,7 @@ use crate::model::wanted::WantedPods;
 use crate::persist::LinkDir;
 use crate::upstream::{Message, UpstreamCounters};
 use crate::view::View;
+use crate::view::replica::NewTerm;
 
 /// Where a link's state goes.
 pub(super) struct Outputs {
@@ -264,9 +265,9 @@ impl<W: Wire> LinkTask<W> {
                 self.connect(connect);
                 return false;
             }
-            Command::Reconnect(super::Reconnect(connect), transitions) => {
+            Command::Reconnect(super::Reconnect(connect), term) => {
                 if self.follows_holder {
-                    self.take_over(transitions.unwrap_or_else(crate::credentials::incarnation));
+                    self.take_over(term.unwrap_or_else(NewTerm::random));
                 } else {
                     tracing::info!("new credentials: reconnecting; the view keeps serving");
                 }
@@ -294,16 +295,16 @@ impl<W: Wire> LinkTask<W> {
     }
 
     /// Reads the remote again after following the holder: the engine takes the view over as
-    /// it followed it, and publishes only what changed on the remote meanwhile. The view's new
-    /// term steps its base by `step`.
-    fn take_over(&mut self, step: u32) {
+    /// it followed it, and publishes only what changed on the remote meanwhile, in a new term
+    /// of the view's own.
+    fn take_over(&mut self, term: NewTerm) {
         tracing::info!(
             resource_version = self.engine.view().resource_version(),
             "taking the link over from the view followed: reading the remote"
         );
         self.follows_holder = false;
         self.mirror.abort_all();
-        (self.engine.view()).begin_own_term(step);
+        (self.engine.view()).begin_own_term(term);
         self.engine.adopt_view();
     }
 

@@ -43,6 +43,30 @@ pub struct Mirrored {
     pub resource_version: u64,
 }
 
+/// How a view begins a term of its own when its replica takes the link over
+/// ([`View::begin_own_term`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewTerm {
+    /// Steps the base: the Lease's `leaseTransitions`, which differ between two replicas that
+    /// take the link in turn (random without a Lease).
+    pub step: u32,
+    /// A version the new term's versions go above: the base the link's last holder recorded
+    /// on its Lease, so that a replica whose view never followed that holder's (it started,
+    /// or took the link, before it synced) still serves versions above every one the other
+    /// replicas' consumers saw. 0: none recorded.
+    pub above: u64,
+}
+
+impl NewTerm {
+    /// A term above nothing recorded, stepped at random (standalone; no Lease read).
+    pub fn random() -> Self {
+        Self {
+            step: crate::credentials::incarnation(),
+            above: 0,
+        }
+    }
+}
+
 /// Why a followed change could not go in.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MirrorError {
@@ -218,23 +242,23 @@ impl View {
         n
     }
 
-    /// Starts a term of this view's own after following a holder's, its base above the
-    /// holder's by a step chosen with `step` (the Lease's transitions, which differ between
-    /// two replicas that take the link in turn; or random): the versions it followed keep
-    /// resuming, up to the last it followed, and the holder's later ones (which it never
-    /// followed) are `Expired`.
-    pub fn begin_own_term(&self, step: u32) {
+    /// Starts a term of this view's own after following a holder's (or as the link's first
+    /// holder on this replica), its base above the view's and above `term.above` by a step
+    /// chosen with `term.step`: the versions it followed keep resuming, up to the last it
+    /// followed, and the holder's later ones (which it never followed) are `Expired`.
+    pub fn begin_own_term(&self, term: NewTerm) {
         let _writing = self
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut s = self.write();
-        let base = match super::terms::next_base(s.base, step) {
+        let above = s.base.max(term.above & !COUNTER_MASK);
+        let base = match super::terms::next_base(above, term.step) {
             Some(base) => base,
             None => {
                 // No base left above: the watches end first, so none sees versions go down.
                 s.end_watches();
-                super::terms::base_of(step)
+                super::terms::base_of(term.step)
             }
         };
         s.begin_term(base, 0);
@@ -409,7 +433,7 @@ mod tests {
         }
         let old_term = g.resource_version();
 
-        f.begin_own_term(3);
+        f.begin_own_term(NewTerm { step: 3, above: 0 });
         let own = f.apply([Change::Upsert(service("c", "1"))], now);
         assert!(
             own[0].resource_version > old_term,
@@ -437,6 +461,54 @@ mod tests {
         ));
     }
 
+    /// A replica that takes the link over before its view followed the last holder's (it
+    /// started while the Lease was free) begins with a base of its own, which may be below
+    /// the one the other replicas followed: their consumers' watches would end (versions may
+    /// not go down). Begun above the base the last holder recorded on the Lease, it is above
+    /// theirs, and a follower's consumer keeps its watch through the snapshot.
+    #[test]
+    fn a_holder_that_never_followed_goes_on_above_the_recorded_base() {
+        use tokio::sync::broadcast::error::TryRecvError;
+        let now = Instant::now();
+        let old = View::new(900, 100);
+        old.apply([Change::Upsert(service("a", "1"))], now);
+        let recorded = old.term_base();
+        let follower = View::new(8, 100);
+        let (at, items) = snapshot_of(&old);
+        follower.resync(at, items, now);
+        let took_over = |above| {
+            let new = View::new(3, 100);
+            new.begin_own_term(NewTerm { step: 1, above });
+            new.apply([Change::Upsert(service("a", "1"))], now);
+            new.apply([Change::Upsert(service("b", "1"))], now);
+            new
+        };
+
+        let (_, mut feed) = follower.list_and_watch(crate::model::Kind::Service);
+        let below = took_over(0);
+        assert!(below.term_base() < recorded, "its own base is below");
+        let (at, items) = snapshot_of(&below);
+        follower.resync(at, items, now);
+        assert_eq!(
+            feed.try_recv().map(|_| ()),
+            Err(TryRecvError::Closed),
+            "versions would go down: the follower's watches end"
+        );
+
+        let follower = View::new(8, 100);
+        let (at, items) = snapshot_of(&old);
+        follower.resync(at, items, now);
+        let (_, mut feed) = follower.list_and_watch(crate::model::Kind::Service);
+        let above = took_over(recorded);
+        assert!(above.term_base() > recorded);
+        let (at, items) = snapshot_of(&above);
+        assert_eq!(follower.resync(at, items, now), 1, "b added; a unchanged");
+        let e = feed.try_recv().expect("the watch goes on");
+        assert_eq!(e.kind, EventType::Added);
+        assert_eq!(e.object.object.key(), key("b"));
+        assert!(e.resource_version > at - 1 && e.resource_version > recorded);
+    }
+
     /// A consumer that moves from the replica that took over to one that still follows the
     /// old holder carries a version of the new term: the second waits for it (as it begins to
     /// follow the new holder) rather than answering 410 at once. A view of one term answers a
@@ -446,7 +518,7 @@ mod tests {
         let now = Instant::now();
         let (_holder, f, g) = holder_and_two_followers(now);
         let from = g.resource_version();
-        f.begin_own_term(5);
+        f.begin_own_term(NewTerm { step: 5, above: 0 });
         let own = f.apply([Change::Upsert(service("b", "1"))], now);
         let moved = own[0].resource_version;
         assert_eq!(g.check_issued(moved), Err(ResumeError::Expired));

@@ -504,7 +504,7 @@ async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_ch
     (follower.commands)
         .send(Command::Reconnect(
             super::super::Reconnect(no_credentials()),
-            Some(7),
+            Some(crate::view::replica::NewTerm { step: 7, above: 0 }),
         ))
         .await
         .expect("the task takes commands");
