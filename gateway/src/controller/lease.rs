@@ -168,7 +168,10 @@ async fn try_hold_named(
 }
 
 /// Writes a holder's annotations: its facade (removed when it has none) and the base of its
-/// view's versions (kept as recorded when it does not know one: the last holder's stands).
+/// view's versions, never below the one recorded. A replica that takes the Lease holds its
+/// view's base from before its take-over (its own, maybe below the last holder's, when it
+/// never followed it) until the take-over begins its term above the recorded one: written as
+/// it is, it would lower the mark its own take-over reads.
 fn annotate(
     annotations: &mut std::collections::BTreeMap<String, String>,
     facade: Option<&str>,
@@ -178,7 +181,8 @@ fn annotate(
         Some(f) => annotations.insert(FACADE_ANNOTATION.to_owned(), f.to_owned()),
         None => annotations.remove(FACADE_ANNOTATION),
     };
-    if let Some(base) = view_base {
+    let recorded = (annotations.get(VIEW_BASE_ANNOTATION)).and_then(|b| b.parse::<u64>().ok());
+    if let Some(base) = view_base.filter(|b| recorded.is_none_or(|r| *b > r)) {
         annotations.insert(VIEW_BASE_ANNOTATION.to_owned(), base.to_string());
     }
 }

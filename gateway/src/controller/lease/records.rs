@@ -11,10 +11,11 @@ use super::{Decision, decide, lease_name};
 /// replicas watch the link there instead of its remote.
 pub const FACADE_ANNOTATION: &str = "floodgate.dev/facade";
 
-/// The annotation on a link's Lease where its holder records the base of the resource
-/// versions its view serves (decimal). A replica that takes the link over begins its view's
-/// term above it ([`crate::view::replica::NewTerm::above`]), so the versions every replica's
-/// consumers see keep growing even when its own view never followed the last holder's.
+/// The annotation on a link's Lease where its holders record the base of the resource
+/// versions their views serve (decimal; the highest recorded stays). A replica that takes the
+/// link over begins its view's term above it ([`crate::view::replica::NewTerm::above`]), so the
+/// versions every replica's consumers see keep growing even when its own view never followed
+/// the last holder's.
 pub const VIEW_BASE_ANNOTATION: &str = "floodgate.dev/view-base";
 
 /// The `leaseTransitions` of link `link`'s Lease since this replica (`me`) took it, as

@@ -44,17 +44,19 @@ fn a_take_counts_its_own_transition_before_the_cache_shows_it() {
 }
 
 /// A holder records its view's base on its Lease at every renewal; one that knows none
-/// (a Lease handed over) keeps the last recorded, which the next holder reads.
+/// (a Lease handed over), or a lower one (a replica that took the Lease before its view
+/// followed the last holder's), keeps the one recorded, which the next holder reads.
 #[test]
 fn the_holders_view_base_is_recorded_and_read_back() {
     let mut annotations = BTreeMap::new();
+    let recorded = |a: &BTreeMap<String, String>| a.get(VIEW_BASE_ANNOTATION).cloned();
     annotate(&mut annotations, Some("10.0.0.1:6443"), Some(7 << 40));
     annotate(&mut annotations, Some("10.0.0.1:6443"), None);
-    assert_eq!(
-        annotations.get(VIEW_BASE_ANNOTATION).map(String::as_str),
-        Some((7u64 << 40).to_string().as_str())
-    );
+    assert_eq!(recorded(&annotations), Some((7u64 << 40).to_string()));
+    annotate(&mut annotations, Some("10.0.0.2:6443"), Some(3 << 40));
+    assert_eq!(recorded(&annotations), Some((7u64 << 40).to_string()));
     annotate(&mut annotations, None, Some(9 << 40));
+    assert_eq!(recorded(&annotations), Some((9u64 << 40).to_string()));
     assert!(!annotations.contains_key(FACADE_ANNOTATION));
 
     let (reader, mut writer) = kube::runtime::reflector::store::<Lease>();
