@@ -375,6 +375,7 @@ impl Runs {
         // next status tick), so no replica acts on a flood before it knows it holds the Lease.
         if let Some(term) = term.filter(|t| t.above >= handle.view.term_base()) {
             handle.view.begin_own_term(term);
+            tracing::info!(link = %d.name, recorded = term.above, base = handle.view.term_base(), "the link's versions go on above the base its last holder recorded on the Lease");
         }
         let (deciding, deciding_rx) = watch::channel(false);
         tokio::spawn(forward_deciding(handle.clone(), deciding_rx));

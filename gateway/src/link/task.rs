@@ -298,13 +298,16 @@ impl<W: Wire> LinkTask<W> {
     /// it followed it, and publishes only what changed on the remote meanwhile, in a new term
     /// of the view's own.
     fn take_over(&mut self, term: NewTerm) {
-        tracing::info!(
-            resource_version = self.engine.view().resource_version(),
-            "taking the link over from the view followed: reading the remote"
-        );
         self.follows_holder = false;
         self.mirror.abort_all();
+        let followed = self.engine.view().resource_version();
         (self.engine.view()).begin_own_term(term);
+        tracing::info!(
+            resource_version = followed,
+            recorded = term.above,
+            base = self.engine.view().term_base(),
+            "taking the link over from the view followed: reading the remote"
+        );
         self.engine.adopt_view();
     }
 
