@@ -332,7 +332,6 @@ pub async fn service_names(c: &kube::Client) -> Option<BTreeSet<String>> {
     )
 }
 
-/// Who holds link `link`'s Lease.
 /// The base of the view's versions link `link`'s Lease records for its holder
 /// (`floodgate.dev/view-base`).
 pub fn lease_view_base(local: &RunningLocal, link: &str) -> Option<u64> {
@@ -349,6 +348,7 @@ pub fn lease_view_base(local: &RunningLocal, link: &str) -> Option<u64> {
         })
 }
 
+/// Who holds link `link`'s Lease.
 pub fn lease_holder(local: &RunningLocal, link: &str) -> Option<String> {
     local
         .store
