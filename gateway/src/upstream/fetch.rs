@@ -19,12 +19,20 @@ use crate::model::{Kind, Object};
 /// trips, few enough that the remote never sees a burst from us.
 const FETCH_CONCURRENCY: usize = 8;
 
+/// Whether the remote answered a GET with a refusal that asking again would not change (401,
+/// 403, 400, ...), rather than a failure to answer it now: a 429 or a 5xx (an API server
+/// overloaded or restarting, as in the incidents) is asked again, since the pod may well be
+/// there and no event of it may come.
+pub(super) fn refusal(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 408 && s.code != 429)
+}
+
 /// Fetches the pods the engine asked for ([`crate::churn::Effect::FetchPods`]) and sends each
 /// answer as [`Change::Fetched`]: the pod, or its absence, or the remote's failure to answer.
 /// A pod refused as the watcher refuses it is absent (the watcher refuses its events too), and
 /// so is one the remote refuses to GET (403, say: the pod watcher, which lists and watches,
-/// still brings it), so neither is asked for again. Only a remote that did not answer fails,
-/// and the engine asks again.
+/// still brings it), so neither is asked for again. A remote that did not answer, or answered
+/// that it cannot now (429, 5xx), fails, and the engine asks again.
 pub async fn fetch_pods(
     client: Client,
     fetch: Fetch,
@@ -53,7 +61,7 @@ pub async fn fetch_pods(
                 }
             },
             Ok(None) => Answer::Absent,
-            Err(e @ kube::Error::Api(_)) => {
+            Err(e @ kube::Error::Api(_)) if refusal(&e) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
                 let (n, _) = refused.get_or_insert_with(|| (0, format!("{pod}: {e}")));
                 *n += 1;

@@ -158,6 +158,23 @@ async fn a_fetch_the_remote_refuses_is_absent() {
     assert_eq!(counters.errors.load(Ordering::Relaxed), 1);
 }
 
+/// A GET the remote refuses for good (400, 401, 403) is an answer; one it cannot serve now
+/// (408, 429, 5xx: an API server overloaded or restarting) is a failure, asked again.
+#[test]
+fn only_a_lasting_refusal_makes_a_fetched_pod_absent() {
+    use kube::core::Status;
+    let answered = |code: u16| {
+        let status = Status::failure("no", "Reason").with_code(code);
+        super::fetch::refusal(&kube::Error::Api(status.boxed()))
+    };
+    for code in [400, 401, 403, 422] {
+        assert!(answered(code), "{code} is a refusal");
+    }
+    for code in [408, 429, 500, 503, 504] {
+        assert!(!answered(code), "{code} is asked again");
+    }
+}
+
 /// A watch the remote ends with 410 is the remote answering (the watcher relists by itself);
 /// other watch errors are not that.
 #[test]
