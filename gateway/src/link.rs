@@ -175,7 +175,7 @@ impl LinkHandle {
     /// the link connects again and relists, and only real differences reach the view, whose
     /// consumers keep their watches and versions.
     /// A link that followed the holder takes it over from its view, in a term of its own
-    /// (`term`, from the Lease; [`NewTerm::random`] without).
+    /// (`term`, from the Lease; a random step above nothing without).
     pub async fn reconnect(
         &self,
         connect: Connect,

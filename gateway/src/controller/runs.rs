@@ -354,12 +354,6 @@ impl Runs {
         };
         let connect = connect(shared, &d, &upstream);
         let connect_again = connect.clone();
-        // Reading the remote while another replica's view served the link (it gave the Lease
-        // back, or lost it, before this replica's view could follow it): its versions go on
-        // above that view's, so no other replica's consumers see them go down.
-        let term = (upstream == Upstream::Remote && shared.peers.is_some())
-            .then(|| new_term(shared, &d.name))
-            .filter(|t| t.above > 0);
         let handle = Arc::new(link::spawn_restored(
             &d.name,
             d.spec.clone(),
@@ -371,12 +365,18 @@ impl Runs {
             seed,
             stop_rx,
         ));
+        // Reading the remote while another replica's view served the link (it gave the Lease
+        // back, or lost it, before this replica's view could follow it): its versions go on
+        // above that view's, so no other replica's consumers see them go down.
+        if upstream == Upstream::Remote && shared.peers.is_some() {
+            let term = new_term(shared, &d.name);
+            if term.above >= handle.view.term_base() {
+                handle.view.begin_own_term(term);
+                tracing::info!(link = %d.name, recorded = term.above, base = handle.view.term_base(), "the link's versions go on above the base its last holder recorded on the Lease");
+            }
+        }
         // A link starts measuring only: the lease loop's held set makes the holder decide (at the
         // next status tick), so no replica acts on a flood before it knows it holds the Lease.
-        if let Some(term) = term.filter(|t| t.above >= handle.view.term_base()) {
-            handle.view.begin_own_term(term);
-            tracing::info!(link = %d.name, recorded = term.above, base = handle.view.term_base(), "the link's versions go on above the base its last holder recorded on the Lease");
-        }
         let (deciding, deciding_rx) = watch::channel(false);
         tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
         let (switch, switch_rx) = watch::channel(None);

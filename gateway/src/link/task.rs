@@ -267,7 +267,11 @@ impl<W: Wire> LinkTask<W> {
             }
             Command::Reconnect(super::Reconnect(connect), term) => {
                 if self.follows_holder {
-                    self.take_over(term.unwrap_or_else(NewTerm::random));
+                    // No Lease read: a random step, above nothing recorded.
+                    self.take_over(term.unwrap_or_else(|| NewTerm {
+                        step: crate::credentials::incarnation(),
+                        above: 0,
+                    }));
                 } else {
                     tracing::info!("new credentials: reconnecting; the view keeps serving");
                 }

@@ -57,16 +57,6 @@ pub struct NewTerm {
     pub above: u64,
 }
 
-impl NewTerm {
-    /// A term above nothing recorded, stepped at random (standalone; no Lease read).
-    pub fn random() -> Self {
-        Self {
-            step: crate::credentials::incarnation(),
-            above: 0,
-        }
-    }
-}
-
 /// Why a followed change could not go in.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MirrorError {
