@@ -3,20 +3,24 @@
 //!
 //! Flow: a connection permit (at most [`ServeLimits::max_connections`] connections are open; the
 //! next waits in the kernel's backlog until one closes) -> accept -> the socket wrapped with a
-//! write timeout -> TLS handshake with a deadline -> hyper-util's auto builder (header read
-//! timeout, header size and count limits) -> the router. Each connection is its own task; a
-//! failure ends only that connection.
+//! write timeout -> TLS handshake with a deadline -> HTTP/1.1 GETs to [`h1`] (lists and watches
+//! written straight to the socket: an idle watch holds no hyper buffers), everything else
+//! (HTTP/2, bodies, other methods, HTTP/1.0, malformed or oversized heads) to hyper-util's auto
+//! builder (header read timeout, header size and count limits) -> the router. Each connection
+//! is its own task; a failure ends only that connection.
 //!
 //! What each bound defends against:
-//! - slowloris (headers dribbled byte by byte): hyper's `header_read_timeout` closes the
-//!   connection when a request head has not arrived in time (an idle keep-alive connection too;
-//!   a plain connection that sends nothing at all is cut off after as long). Known gap: a TLS
-//!   client that negotiates HTTP/2 and then stays silent is held until it closes (hyper's
-//!   HTTP/2 handshake has no deadline); the connection limit bounds what that costs;
+//! - slowloris (headers dribbled byte by byte): the header read timeout (hyper's, and `h1`'s
+//!   own) closes the connection when a request head has not arrived in time (an idle keep-alive
+//!   connection too; a plain connection that sends nothing at all is cut off after as long).
+//!   Known gap: a TLS client that negotiates HTTP/2 and then stays silent is held until it
+//!   closes (hyper's HTTP/2 handshake has no deadline); the connection limit bounds what that
+//!   costs;
 //! - a watcher that never reads its socket: once the kernel's buffers are full a write stays
 //!   pending, and after [`ServeLimits::write_timeout`] the connection is closed, its watch slot
 //!   freed (the view's fan-out never queues for it: it only lags on the shared ring);
-//! - oversized request lines and headers: 414 and 431 from hyper; bodies: 413 in the facade.
+//! - oversized request lines and headers: 414 and 431 from hyper (`h1` hands such a head to
+//!   hyper); bodies: 413 in the facade.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -30,7 +34,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -120,10 +124,13 @@ pub async fn serve(
     // Permits are never closed, so acquiring one only fails if that changes.
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
+    // HTTP/1 connections served by `h1` close once their response in flight ends.
+    let (closing, closing_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
             () = &mut shutdown => {
+                closing.send_replace(true);
                 graceful.shutdown().await;
                 return Ok(());
             }
@@ -134,6 +141,7 @@ pub async fn serve(
         };
         let (tcp, peer) = tokio::select! {
             () = &mut shutdown => {
+                closing.send_replace(true);
                 graceful.shutdown().await;
                 return Ok(());
             }
@@ -153,75 +161,145 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(router.clone());
         tokio::spawn(connection(
             tcp,
             peer,
             acceptor.clone(),
-            service,
-            graceful.watcher(),
+            router.clone(),
+            Shutdown {
+                watcher: graceful.watcher(),
+                closing: closing_rx.clone(),
+            },
             limits,
             permit,
         ));
     }
 }
 
-/// Serves one accepted connection, over TLS when there is an `acceptor`, until it ends or the
-/// graceful shutdown `watcher` ends it; `_permit` is its connection slot, freed when it ends.
+/// How a connection learns of a graceful shutdown: hyper's `watcher` for the connections hyper
+/// serves; `closing` turns true for those `h1` serves.
+struct Shutdown {
+    watcher: Watcher,
+    closing: watch::Receiver<bool>,
+}
+
+/// Serves one accepted connection, over TLS when there is an `acceptor`, until it ends or a
+/// graceful shutdown ends it; `_permit` is its connection slot, freed when it ends. HTTP/1.1
+/// GETs are answered by [`h1`] (an idle watch then holds no hyper buffers), the rest by hyper.
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: Option<TlsAcceptor>,
-    service: TowerToHyperService<Router>,
-    watcher: Watcher,
+    router: Router,
+    shutdown: Shutdown,
     limits: ServeLimits,
     _permit: OwnedSemaphorePermit,
 ) {
-    let served = match acceptor {
+    let Shutdown { watcher, closing } = shutdown;
+    // Each state's future is boxed and awaited on its own, after the block that made it: a
+    // task holds only the state its connection is in (about 1 KB waiting on a watch), not the
+    // largest (hyper's connection, the TLS handshake), as one inline future would.
+    let serving: Serving = match acceptor {
         None => {
-            if !sends_first_byte(&tcp, peer, &limits).await {
+            let Some(first) = first_byte(&tcp, peer, &limits).await else {
                 return;
+            };
+            let io = with_write_timeout(tcp, &limits);
+            // A GET starts with `G`; anything else (HTTP/2's preface, another method) is
+            // hyper's from the start, and hyper's auto builder tells the versions apart.
+            if first == b'G' {
+                Box::pin(h1::serve(
+                    io,
+                    router,
+                    limits,
+                    closing,
+                    watcher,
+                    Handoff::Auto,
+                ))
+            } else {
+                Box::pin(hyper_serves(io, router, limits, watcher, Handoff::Auto))
             }
-            let b = builder(&limits);
-            let conn = b.serve_connection_with_upgrades(
-                TokioIo::new(with_write_timeout(tcp, &limits)),
-                service,
-            );
-            watcher.watch(conn.into_owned()).await
         }
         Some(acceptor) => {
-            let Some(tls) = handshake(&acceptor, with_write_timeout(tcp, &limits), peer).await
-            else {
+            let io = with_write_timeout(tcp, &limits);
+            let handshake = Box::pin(handshake(&acceptor, io, peer));
+            let Some(tls) = handshake.await else {
                 return;
             };
             // ALPN says which protocol follows, so hyper's HTTP/1 header timer runs
             // from the start instead of waiting on version detection.
-            let b = builder(&limits);
-            let b = if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                b.http2_only()
+            if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                Box::pin(hyper_serves(tls, router, limits, watcher, Handoff::Http2))
             } else {
-                b.http1_only()
-            };
-            let conn = b.serve_connection_with_upgrades(TokioIo::new(tls), service);
-            watcher.watch(conn.into_owned()).await
+                Box::pin(h1::serve(
+                    tls,
+                    router,
+                    limits,
+                    closing,
+                    watcher,
+                    Handoff::Http1,
+                ))
+            }
         }
     };
+    let served = serving.await;
     if let Err(e) = served {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 
-/// Whether a plain connection sends a byte within the header read timeout. hyper-util reads
-/// the first bytes to tell HTTP/1 from HTTP/2 before hyper's header timer runs: a client that
-/// sends nothing is cut off here.
-async fn sends_first_byte(tcp: &TcpStream, peer: SocketAddr, limits: &ServeLimits) -> bool {
+/// What serves a connection once it is accepted (and its TLS handshake done).
+type Serving = Pin<
+    Box<
+        dyn std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
+            + Send,
+    >,
+>;
+
+/// The protocol hyper serves a connection with.
+#[derive(Clone, Copy, Debug)]
+enum Handoff {
+    /// HTTP/1 or HTTP/2, as the first bytes say (a plain connection).
+    Auto,
+    /// HTTP/1 only (TLS without `h2` in ALPN).
+    Http1,
+    /// HTTP/2 only (`h2` in ALPN).
+    Http2,
+}
+
+/// hyper serves `io` (the rest of the connection) with `router`, until it ends or a graceful
+/// shutdown ends it.
+async fn hyper_serves<IO>(
+    io: IO,
+    router: Router,
+    limits: ServeLimits,
+    watcher: Watcher,
+    handoff: Handoff,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let b = builder(&limits);
+    let b = match handoff {
+        Handoff::Auto => b,
+        Handoff::Http1 => b.http1_only(),
+        Handoff::Http2 => b.http2_only(),
+    };
+    let conn = b.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(router));
+    watcher.watch(conn.into_owned()).await
+}
+
+/// The first byte a plain connection sends (peeked, not read), if it sends one within the
+/// header read timeout. hyper-util reads the first bytes to tell HTTP/1 from HTTP/2 before
+/// hyper's header timer runs: a client that sends nothing is cut off here.
+async fn first_byte(tcp: &TcpStream, peer: SocketAddr, limits: &ServeLimits) -> Option<u8> {
     let mut byte = [0u8; 1];
     let first = tokio::time::timeout(limits.header_read_timeout, tcp.peek(&mut byte));
     let sent = matches!(first.await, Ok(Ok(n)) if n > 0);
     if !sent {
         tracing::debug!(%peer, "no request within the header read timeout");
     }
-    sent
+    sent.then_some(byte[0])
 }
 
 /// The TLS handshake, within [`crate::tls::HANDSHAKE_TIMEOUT`]; `None` (logged) when it
@@ -262,6 +340,8 @@ fn builder(limits: &ServeLimits) -> auto::Builder<TokioExecutor> {
         .max_header_list_size(MAX_HEADER_BYTES as u32);
     b
 }
+
+mod h1;
 
 #[cfg(test)]
 mod tests;
