@@ -39,9 +39,10 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-/// Connections the facade keeps open at most by default. An idle TLS connection costs about
-/// 40 KiB here before its first request, 13 KiB with an HTTP/1.1 watch open (docs/figures.md),
-/// so 10,000 of them stay under 400 MiB; a link's consumers need a handful of connections each.
+/// Connections the facade keeps open at most by default. An idle TLS connection cost about
+/// 40 KiB when last measured that way, before the facade's own HTTP/1.1 path; an HTTP/1.1 watch
+/// now costs about 13 KiB (docs/figures.md). 10,000 of them stay under 400 MiB; a link's
+/// consumers need a handful of connections each.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
 /// How long a client has to send a request head (the API server's Go default has none; 10 s is
