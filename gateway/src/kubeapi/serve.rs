@@ -41,7 +41,7 @@ use tokio_rustls::server::TlsStream;
 
 /// Connections the facade keeps open at most by default. An idle TLS connection cost about
 /// 40 KiB when last measured that way, before the facade's own HTTP/1.1 path; an HTTP/1.1 watch
-/// now costs about 13 KiB (docs/figures.md). 10,000 of them stay under 400 MiB; a link's
+/// now costs about 12 KiB (docs/figures.md). 10,000 of them stay under 400 MiB; a link's
 /// consumers need a handful of connections each.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
@@ -162,19 +162,30 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
         }
-        tokio::spawn(connection(
+        let accepted = Accepted {
             tcp,
             peer,
-            acceptor.clone(),
-            router.clone(),
-            Shutdown {
+            acceptor: acceptor.clone(),
+            router: router.clone(),
+            shutdown: Shutdown {
                 watcher: graceful.watcher(),
                 closing: closing_rx.clone(),
             },
             limits,
-            permit,
-        ));
+        };
+        tokio::spawn(connection(accepted, permit));
     }
+}
+
+/// An accepted connection and what serves it.
+struct Accepted {
+    tcp: TcpStream,
+    peer: SocketAddr,
+    /// TLS, when the listener has it.
+    acceptor: Option<TlsAcceptor>,
+    router: Router,
+    shutdown: Shutdown,
+    limits: ServeLimits,
 }
 
 /// How a connection learns of a graceful shutdown: hyper's `watcher` for the connections hyper
@@ -187,24 +198,34 @@ struct Shutdown {
 /// Serves one accepted connection, over TLS when there is an `acceptor`, until it ends or a
 /// graceful shutdown ends it; `_permit` is its connection slot, freed when it ends. HTTP/1.1
 /// GETs are answered by [`h1`] (an idle watch then holds no hyper buffers), the rest by hyper.
-async fn connection(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    acceptor: Option<TlsAcceptor>,
-    router: Router,
-    shutdown: Shutdown,
-    limits: ServeLimits,
-    _permit: OwnedSemaphorePermit,
-) {
-    let Shutdown { watcher, closing } = shutdown;
-    // Each state's future is boxed and awaited on its own, after the block that made it: a
-    // task holds only the state its connection is in (about 1 KB waiting on a watch), not the
-    // largest (hyper's connection, the TLS handshake), as one inline future would.
-    let serving: Serving = match acceptor {
+async fn connection(accepted: Accepted, _permit: OwnedSemaphorePermit) {
+    let peer = accepted.peer;
+    // Each state's future is boxed and awaited on its own: a task holds only the state its
+    // connection is in (a watch waiting), not the largest (hyper's connection, the TLS
+    // handshake), as one inline future would.
+    let starting = Box::pin(start(accepted));
+    let Some(serving) = starting.await else {
+        return;
+    };
+    if let Err(e) = serving.await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Waits for a plain connection's first byte or a TLS connection's handshake, then says what
+/// serves it; `None` when the client sent nothing in time or the handshake failed.
+async fn start(accepted: Accepted) -> Option<Serving> {
+    let Accepted {
+        tcp,
+        peer,
+        acceptor,
+        router,
+        shutdown: Shutdown { watcher, closing },
+        limits,
+    } = accepted;
+    Some(match acceptor {
         None => {
-            let Some(first) = first_byte(&tcp, peer, &limits).await else {
-                return;
-            };
+            let first = first_byte(&tcp, peer, &limits).await?;
             let io = with_write_timeout(tcp, &limits);
             // A GET starts with `G`; anything else (HTTP/2's preface, another method) is
             // hyper's from the start, and hyper's auto builder tells the versions apart.
@@ -223,10 +244,7 @@ async fn connection(
         }
         Some(acceptor) => {
             let io = with_write_timeout(tcp, &limits);
-            let handshake = Box::pin(handshake(&acceptor, io, peer));
-            let Some(tls) = handshake.await else {
-                return;
-            };
+            let tls = handshake(&acceptor, io, peer).await?;
             // ALPN says which protocol follows, so hyper's HTTP/1 header timer runs
             // from the start instead of waiting on version detection.
             if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
@@ -242,11 +260,7 @@ async fn connection(
                 ))
             }
         }
-    };
-    let served = serving.await;
-    if let Err(e) = served {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
-    }
+    })
 }
 
 /// What serves a connection once it is accepted (and its TLS handshake done).

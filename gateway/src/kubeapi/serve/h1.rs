@@ -63,7 +63,8 @@ where
     loop {
         // What each request's states hold is boxed, made in a block and awaited after it: the
         // connection's future holds only the state it is in (a watch waiting), not the largest.
-        let (call, close) = match next_head(&mut io, &mut pending, &limits, &mut closing).await? {
+        let reading = Box::pin(next_head(&mut io, &mut pending, &limits, &mut closing));
+        let (call, close) = match reading.await? {
             Head::Closed => return Ok(()),
             Head::Get(req, len) => {
                 // Bytes past the head are the next request's (pipelined); an empty buffer is
