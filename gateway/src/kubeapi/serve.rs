@@ -264,12 +264,10 @@ async fn start(accepted: Accepted) -> Option<Serving> {
 }
 
 /// What serves a connection once it is accepted (and its TLS handshake done).
-type Serving = Pin<
-    Box<
-        dyn std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
-            + Send,
-    >,
->;
+type Serving = Pin<Box<dyn std::future::Future<Output = Result<(), BoxError>> + Send>>;
+
+/// How a connection's serving ends in error (hyper's and `h1`'s alike).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The protocol hyper serves a connection with.
 #[derive(Clone, Copy, Debug)]
@@ -290,7 +288,7 @@ async fn hyper_serves<IO>(
     limits: ServeLimits,
     watcher: Watcher,
     handoff: Handoff,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+) -> Result<(), BoxError>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

@@ -21,6 +21,7 @@
 //! noticing that the client went away while its watch waits (the watch is dropped), and, at a
 //! graceful shutdown, closing once the response in flight ends.
 
+use std::fmt::Write as _;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -36,9 +37,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use super::{Handoff, MAX_HEADER_BYTES, MAX_HEADERS, ServeLimits, hyper_serves};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::{BoxError, Handoff, MAX_HEADER_BYTES, MAX_HEADERS, ServeLimits, hyper_serves};
 
 /// A data frame up to this size is written with its chunk's framing in one write (one TLS
 /// record, one syscall: a watch event); a larger one (a page of a list) is written as it is,
@@ -146,7 +145,8 @@ async fn read_head<IO: AsyncRead + Unpin>(io: &mut IO, pending: &mut Vec<u8>) ->
 
 /// Parses a request head from `buf`; `None` while it is not whole.
 fn parse(buf: &[u8]) -> Option<Head> {
-    let mut headers = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
+    // On the stack (parse is not async, so this is no part of the connection's future).
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
         Ok(httparse::Status::Complete(len)) => len,
@@ -307,15 +307,23 @@ async fn write_frame<IO: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     if !chunked {
         io.write_all(&data).await?;
-    } else if data.len() <= COPY_FRAME_BYTES {
-        let mut out = BytesMut::with_capacity(data.len() + 12);
-        out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        return io.flush().await;
+    }
+    // The chunk's size line: at most 16 hex digits and CRLF.
+    let mut out = BytesMut::with_capacity(
+        18 + if data.len() <= COPY_FRAME_BYTES {
+            data.len() + 2
+        } else {
+            0
+        },
+    );
+    write!(out, "{:x}\r\n", data.len()).map_err(io::Error::other)?;
+    if data.len() <= COPY_FRAME_BYTES {
         out.put_slice(&data);
         out.put_slice(b"\r\n");
         io.write_all(&out).await?;
     } else {
-        io.write_all(format!("{:x}\r\n", data.len()).as_bytes())
-            .await?;
+        io.write_all(&out).await?;
         io.write_all(&data).await?;
         io.write_all(b"\r\n").await?;
     }

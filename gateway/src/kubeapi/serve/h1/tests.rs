@@ -267,6 +267,40 @@ async fn a_watch_streams_its_events_in_chunks_and_ends_when_the_client_goes() {
     }
 }
 
+/// An event larger than `COPY_FRAME_BYTES` is written uncopied between its chunk's framing, and
+/// arrives as one chunk, whole.
+#[tokio::test]
+async fn a_large_event_arrives_whole_in_one_chunk() {
+    let (addr, api, _) = start(std::future::pending()).await;
+    let mut c = Client::connect(addr).await;
+    c.send(&get("/api/v1/namespaces/prod/services?watch=true", ""))
+        .await;
+    assert_eq!(c.head().await.0, 200);
+    assert!(!c.chunk().await.is_empty(), "the initial ADDED");
+    let mut big = k8s_openapi::api::core::v1::Service::default();
+    big.metadata.name = Some("big".into());
+    big.metadata.namespace = Some("prod".into());
+    big.metadata.annotations = Some([("pad".to_owned(), "x".repeat(40_000))].into());
+    api.store().apply(
+        [Change::Upsert(Object::Service(Arc::new(big)))],
+        Instant::now(),
+    );
+    let chunk = c.chunk().await;
+    assert!(
+        chunk.len() > super::COPY_FRAME_BYTES,
+        "{} bytes",
+        chunk.len()
+    );
+    let event: serde_json::Value = serde_json::from_slice(&chunk).expect("one whole event");
+    assert_eq!(event["object"]["metadata"]["name"], "big");
+    assert_eq!(
+        event["object"]["metadata"]["annotations"]["pad"]
+            .as_str()
+            .map(str::len),
+        Some(40_000)
+    );
+}
+
 /// An HTTP/1.0 request is hyper's, answered as HTTP/1.0 expects.
 #[tokio::test]
 async fn an_http_1_0_request_is_answered_by_hyper() {
