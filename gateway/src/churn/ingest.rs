@@ -67,8 +67,7 @@ impl Engine {
         let Some(obj) = self.publisher.fetched(&f.pod, f.ticket, f.answer) else {
             return;
         };
-        let mut obj = obj.into_sanitized();
-        self.publisher.share_name(&mut obj);
+        let obj = obj.into_sanitized();
         let key = obj.key();
         if key.kind == Kind::Pod && key.id == f.pod && self.store.pod(&key.id).is_none() {
             self.change(key, Some(obj), now, false);
@@ -78,8 +77,7 @@ impl Engine {
     /// An object created, updated or listed upstream. A pod behind no published endpoint is
     /// dropped here.
     fn applied(&mut self, obj: Object, now: Instant) {
-        let mut obj = obj.into_sanitized();
-        self.publisher.share_name(&mut obj);
+        let obj = obj.into_sanitized();
         let key = obj.key();
         if key.kind == Kind::Pod {
             self.publisher.seen(&key.id);

@@ -19,14 +19,14 @@ use tokio::time::Instant;
 
 use super::store::Store;
 use super::{Answer, Fetch};
-use crate::model::wanted::WantedPods;
+use crate::model::wanted::{PodHash, PodSet, WantedPods};
 use crate::model::{EndpointsObject, Group, Kind, NsName, ObjKey, Object, SliceObject};
 use crate::view::{Change as ViewChange, View};
 
 mod desired;
 mod wanted;
 
-use desired::{Desired, desired_service, referred, resolved, wanted_names};
+use desired::{Desired, desired_service, referred, resolved};
 use wanted::Wanted;
 
 /// What publishing has done so far.
@@ -61,8 +61,9 @@ pub struct Published {
     pub endpoints: usize,
     /// Endpoints the cap withheld.
     pub truncated: usize,
-    /// The pods its kept endpoints point at.
-    pub pods: BTreeSet<NsName>,
+    /// The pods its kept endpoints point at (their names are read again from those
+    /// endpoints where needed).
+    pub pods: PodSet,
 }
 
 impl Published {
@@ -110,7 +111,7 @@ impl Publisher {
 
     /// Shares the wanted pods with the upstream pod watcher from now on.
     pub fn mirror_wanted(&mut self, mirror: WantedPods) {
-        mirror.replace(self.wanted.names());
+        mirror.replace(self.wanted.hashes());
         self.mirror = Some(mirror);
     }
 
@@ -150,18 +151,6 @@ impl Publisher {
     /// True when some group's selection points at the pod.
     pub fn wants(&self, pod: &NsName) -> bool {
         self.wanted.contains(pod)
-    }
-
-    /// Gives a wanted pod that arrives the name its wanted entry holds, so the pod, the
-    /// store's maps, the groups' sets and the wanted map share one allocation of it (a pod
-    /// shared elsewhere keeps its own).
-    pub fn share_name(&self, obj: &mut Object) {
-        if let Object::Pod(pod) = obj
-            && let Some(name) = self.wanted.held_name(pod.id())
-            && let Some(pod) = Arc::get_mut(pod)
-        {
-            pod.share_id(name);
-        }
     }
 
     /// The services whose selection points at the pod.
@@ -296,7 +285,7 @@ impl Publisher {
             endpoints_object: previous.endpoints_object.clone(),
             endpoints: previous.endpoints,
             truncated: previous.truncated,
-            pods: wanted_names(store, pods),
+            pods: pods.into_keys().collect(),
         };
         self.commit(g, desired, store, now)
     }
@@ -378,7 +367,7 @@ impl Publisher {
     /// Tells the pod watcher which pods are wanted now.
     pub fn refresh_wanted(&mut self) {
         if let Some(m) = &self.mirror {
-            m.replace(self.wanted.names());
+            m.replace(self.wanted.hashes());
         }
     }
 
@@ -396,8 +385,8 @@ impl Publisher {
             *self.obj_refs.entry(key.clone()).or_default() += 1;
         }
         if let Group::Service(svc) = &g {
-            for pod in &published.pods {
-                self.wanted.add(pod.clone(), svc);
+            for pod in published.pods.iter() {
+                self.wanted.add(pod, svc);
             }
         }
         self.groups.insert(g, published);
@@ -409,22 +398,18 @@ impl Publisher {
         let Group::Service(svc) = g else {
             return;
         };
-        // Names read again from the slices' JSON: a pod wanted already keeps the one
-        // allocation of its name that the wanted map, the pod-event filter and the store share.
-        let pods: BTreeSet<NsName> = (pods.into_iter())
-            .map(|p| self.wanted.held_name(&p).cloned().unwrap_or(p))
-            .collect();
+        let pods: PodSet = pods.iter().map(PodHash::of_id).collect();
         let st = self.groups.entry(g.clone()).or_default();
-        for gone in st.pods.difference(&pods) {
+        for gone in st.pods.without(&pods) {
             if self.wanted.release(gone, svc) {
-                store.drop_pod(gone);
+                store.drop_pods(gone);
                 if let Some(m) = &self.mirror {
                     m.remove(gone);
                 }
             }
         }
-        for new in pods.difference(&st.pods) {
-            if self.wanted.add(new.clone(), svc)
+        for new in pods.without(&st.pods) {
+            if self.wanted.add(new, svc)
                 && let Some(m) = &self.mirror
             {
                 // Before any fetch of it is asked: a skipped event is covered by the fetch.

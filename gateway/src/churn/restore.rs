@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::Engine;
 use super::flood::Trigger;
 use super::publish::Published;
+use crate::model::wanted::PodHash;
 use crate::model::{Group, Kind, NsName, ObjKey, Object, TRUNCATED_ANNOTATION};
 use crate::view::Change as ViewChange;
 
@@ -155,21 +156,23 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
                 .unwrap_or_default(),
             ..Published::default()
         };
+        let mut pods = BTreeSet::new();
         for slice in slices_by_service.get(&svc).into_iter().flatten() {
             p.objects.insert(slice.key());
             if let Object::EndpointSlice(s) = slice {
-                p.pods.extend(s.pod_refs());
+                pods.extend(s.pod_refs());
                 p.slices.push(s.clone());
             }
         }
         if let Some(ep @ Object::Endpoints(e)) = objects.get(&key(Kind::Endpoints, svc.clone())) {
             p.objects.insert(ep.key());
-            p.pods.extend(e.pod_refs());
+            pods.extend(e.pod_refs());
             p.endpoints_object = Some(e.clone());
         }
         p.endpoints = super::cap::keys(&p.slices, p.endpoints_object.as_ref()).len();
-        for pod in &p.pods {
-            let pk = key(Kind::Pod, pod.clone());
+        p.pods = pods.iter().map(PodHash::of_id).collect();
+        for pod in pods {
+            let pk = key(Kind::Pod, pod);
             if let Some(Object::Pod(pod)) = objects.get(&pk) {
                 for rs in pod.replicasets() {
                     let rk = key(Kind::ReplicaSet, rs);

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
+use smallvec::SmallVec;
 
+use crate::model::wanted::PodHash;
 use crate::model::{
     Dictionary, EndpointsObject, Form, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject,
     Server, SliceEndpoint, SliceObject,
@@ -50,6 +52,9 @@ pub struct Store {
     slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
     endpoints: HashMap<NsName, Arc<EndpointsObject>>,
     pods: HashMap<NsName, Arc<PodObject>>,
+    /// The held pods by [`PodHash`], which is all the engine keeps of a pod it wants: a pod
+    /// no service wants any more is dropped by it ([`Store::drop_pods`]).
+    pod_hashes: HashMap<PodHash, SmallVec<[NsName; 1]>>,
     replicasets: HashMap<NsName, Arc<ObjectMeta>>,
     rs_pods: HashMap<NsName, HashSet<NsName>>,
     servers: HashMap<NsName, Arc<Server>>,
@@ -74,6 +79,7 @@ impl Store {
             slices_by_service: HashMap::new(),
             endpoints: HashMap::new(),
             pods: HashMap::new(),
+            pod_hashes: HashMap::new(),
             replicasets: HashMap::new(),
             rs_pods: HashMap::new(),
             servers: HashMap::new(),
@@ -342,6 +348,7 @@ impl Store {
                 self.rs_pods.entry(rs).or_default().insert(id.clone());
             }
             self.pods.insert(id.clone(), p);
+            (self.pod_hashes.entry(PodHash::of_id(id)).or_default()).push(id.clone());
             t.pods.push(id.clone());
         } else if old.is_some() {
             t.pods.push(id.clone());
@@ -384,6 +391,13 @@ impl Store {
     /// Stops holding a pod (nobody wants it any more, or it was deleted).
     pub fn drop_pod(&mut self, id: &NsName) -> Option<Arc<PodObject>> {
         let old = self.pods.remove(id)?;
+        let hash = PodHash::of_id(id);
+        if let Some(ids) = self.pod_hashes.get_mut(&hash) {
+            ids.retain(|held| held != id);
+            if ids.is_empty() {
+                self.pod_hashes.remove(&hash);
+            }
+        }
         for rs in old.replicasets() {
             if let Some(set) = self.rs_pods.get_mut(&rs) {
                 set.remove(id);
@@ -393,6 +407,14 @@ impl Store {
             }
         }
         Some(old)
+    }
+
+    /// Stops holding the pods of hash `pod` (no service wants it any more: with two pods of
+    /// one hash, both).
+    pub fn drop_pods(&mut self, pod: PodHash) {
+        for id in self.pod_hashes.get(&pod).cloned().unwrap_or_default() {
+            self.drop_pod(&id);
+        }
     }
 
     /// A service, if selected.
@@ -691,6 +713,36 @@ mod tests {
                 .collect::<Vec<_>>(),
             [("10.0.0.5", false), ("10.0.0.6", true)],
             "thawed as it was deflated"
+        );
+    }
+
+    #[test]
+    fn a_pod_nobody_wants_is_dropped_by_its_hash_and_leaves_no_index() {
+        let mut store = Store::new(&LabelSelector::default(), 100);
+        for name in ["a", "b"] {
+            let pod = crate::churn::tests::mk_pod(name, "Running");
+            store.change(&pod.key(), Some(pod));
+        }
+        let a = NsName::new("ns", "a");
+        store.drop_pods(PodHash::of_id(&a));
+        assert!(store.pod(&a).is_none(), "dropped by its hash");
+        assert!(
+            store.pod(&NsName::new("ns", "b")).is_some(),
+            "the other stays"
+        );
+        store.drop_pods(PodHash::of_id(&a));
+        let b = NsName::new("ns", "b");
+        store.change(
+            &ObjKey {
+                kind: Kind::Pod,
+                id: b.clone(),
+            },
+            None,
+        );
+        assert!(store.pod(&b).is_none(), "deleted upstream");
+        assert!(
+            store.pod_hashes.is_empty(),
+            "no hash is left of pods not held"
         );
     }
 }

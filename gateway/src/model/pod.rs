@@ -56,15 +56,6 @@ impl PodObject {
         &self.id
     }
 
-    /// Holds `id`, an equal name held elsewhere, as its own, so the two share one
-    /// allocation.
-    pub fn share_id(&mut self, id: &NsName) {
-        debug_assert_eq!(&self.id, id, "the same pod");
-        if self.id == *id {
-            self.id = id.clone();
-        }
-    }
-
     /// The ReplicaSets that own it.
     pub fn replicasets(&self) -> impl Iterator<Item = NsName> + '_ {
         self.replicasets

@@ -16,55 +16,92 @@
 //! - Until the engine fills the set, [`WantedPods::everything`] wants every pod, so a link
 //!   whose engine does not use the set behaves as before; the first [`WantedPods::insert`] or
 //!   [`WantedPods::replace`] ends that.
-//! - The set holds a 64-bit hash of each name, counted, not the name: a link wanting 100,000
-//!   pods held 4.3 MB of names here beside the engine's own. Two names with one hash are both
-//!   wanted while either is (the count), so a collision can only let a pod nobody wants be
-//!   decoded and sent on, which the engine drops ([`crate::churn`] checks every pod it is
-//!   given); never can it skip a wanted one. A lookup hashes the event's strings as they are,
-//!   with no allocation.
+//! - The set holds each wanted pod's [`PodHash`], not its name, as the engine wants it: two
+//!   pods with one hash are both wanted while either is, so a collision can only let a pod
+//!   nobody wants be decoded and sent on, which the engine drops ([`crate::churn`] checks
+//!   every pod it is given); never can it skip a wanted one. A lookup hashes the event's
+//!   strings as they are, with no allocation.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 
 use super::NsName;
+
+/// A pod's identity as the engine and the pod watcher keep a pod they want: a 64-bit hash of
+/// its namespace and name, under keys drawn once per process (so nobody outside can choose
+/// names that collide). The engine wants tens of thousands of pods that may never exist (a
+/// selectorless service's endpoints name pods of another cluster): a hash is 8 bytes where
+/// the name, held and shared, cost about 100 across the engine's maps.
+///
+/// Two pods with one hash are one wanted pod to whoever keeps hashes (about one pair in 10^10
+/// at 100,000 pods): each keeper says what that costs it, never a pod lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodHash(u64);
+
+/// The process's hash keys.
+static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+
+impl PodHash {
+    /// The hash of pod `namespace/name`.
+    pub fn of(namespace: &str, name: &str) -> Self {
+        Self(KEYS.hash_one((namespace, name)))
+    }
+
+    /// The hash of `pod`.
+    pub fn of_id(pod: &NsName) -> Self {
+        Self::of(&pod.namespace, &pod.name)
+    }
+}
+
+/// A set of pods by [`PodHash`], sorted: 8 bytes a pod (a service's wanted pods).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSet(Box<[PodHash]>);
+
+impl FromIterator<PodHash> for PodSet {
+    fn from_iter<I: IntoIterator<Item = PodHash>>(pods: I) -> Self {
+        let mut pods: Vec<PodHash> = pods.into_iter().collect();
+        pods.sort_unstable();
+        pods.dedup();
+        Self(pods.into_boxed_slice())
+    }
+}
+
+impl PodSet {
+    /// Its pods, in hash order.
+    pub fn iter(&self) -> impl Iterator<Item = PodHash> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// How many pods it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// True when it holds `pod`.
+    pub fn contains(&self, pod: PodHash) -> bool {
+        self.0.binary_search(&pod).is_ok()
+    }
+
+    /// Its pods that `other` does not hold.
+    pub fn without<'a>(&'a self, other: &'a PodSet) -> impl Iterator<Item = PodHash> + 'a {
+        self.iter().filter(|&p| !other.contains(p))
+    }
+}
 
 /// A shared set of wanted pods (cheap to clone: clones share it).
 #[derive(Clone, Debug, Default)]
 pub struct WantedPods {
-    set: Arc<RwLock<Hashes>>,
+    set: Arc<RwLock<HashSet<PodHash>>>,
     /// True until the set is first filled: every pod is wanted.
     everything: Arc<AtomicBool>,
-}
-
-/// Each wanted name's hash, with how many wanted names have it.
-#[derive(Debug, Default)]
-struct Hashes {
-    counts: HashMap<u64, u32>,
-    hasher: RandomState,
-}
-
-impl Hashes {
-    fn hash(&self, namespace: &str, name: &str) -> u64 {
-        self.hasher.hash_one((namespace, name))
-    }
-
-    fn insert(&mut self, pod: &NsName) {
-        let h = self.hash(&pod.namespace, &pod.name);
-        *self.counts.entry(h).or_default() += 1;
-    }
-
-    fn remove(&mut self, pod: &NsName) {
-        let h = self.hash(&pod.namespace, &pod.name);
-        if let Some(n) = self.counts.get_mut(&h) {
-            *n -= 1;
-            if *n == 0 {
-                self.counts.remove(&h);
-            }
-        }
-    }
 }
 
 impl WantedPods {
@@ -81,40 +118,37 @@ impl WantedPods {
             return true;
         }
         let set = self.set.read().unwrap_or_else(|e| e.into_inner());
-        !set.counts.is_empty() && set.counts.contains_key(&set.hash(namespace, name))
+        !set.is_empty() && set.contains(&PodHash::of(namespace, name))
     }
 
-    /// Wants `pod` (call before asking for it to be fetched; once for each time it is
-    /// wanted anew, as the engine does).
-    pub fn insert(&self, pod: &NsName) {
+    /// Wants `pod` (call before asking for it to be fetched).
+    pub fn insert(&self, pod: PodHash) {
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
         set.insert(pod);
         self.everything.store(false, Ordering::Relaxed);
     }
 
     /// No longer wants `pod`.
-    pub fn remove(&self, pod: &NsName) {
+    pub fn remove(&self, pod: PodHash) {
         self.set
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(pod);
+            .remove(&pod);
     }
 
     /// Wants exactly `pods` (each once) from now on.
-    pub fn replace<'a>(&self, pods: impl IntoIterator<Item = &'a NsName>) {
+    pub fn replace(&self, pods: impl IntoIterator<Item = PodHash>) {
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
-        set.counts.clear();
-        pods.into_iter().for_each(|p| set.insert(p));
-        set.counts.shrink_to_fit();
+        set.clear();
+        set.extend(pods);
+        set.shrink_to_fit();
         self.everything.store(false, Ordering::Relaxed);
     }
 
-    /// How many pods are wanted (0 while it wants every pod). It walks the counts: the
-    /// engine keeps its own count (`Publisher::wanted_pods`).
+    /// How many pods are wanted (0 while it wants every pod).
     #[cfg(test)]
     fn len(&self) -> usize {
-        let set = self.set.read().unwrap_or_else(|e| e.into_inner());
-        set.counts.values().map(|&n| n as usize).sum()
+        self.set.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -123,17 +157,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pod_set_holds_each_pod_once_and_tells_what_another_lacks() {
+        let h = |name: &str| PodHash::of("prod", name);
+        let old: PodSet = [h("a"), h("b"), h("a")].into_iter().collect();
+        let new: PodSet = [h("b"), h("c")].into_iter().collect();
+        assert_eq!(old.len(), 2, "a pod named twice is held once");
+        assert!(old.contains(h("a")) && !old.contains(h("c")));
+        assert_eq!(old.without(&new).collect::<Vec<_>>(), [h("a")]);
+        assert_eq!(new.without(&old).collect::<Vec<_>>(), [h("c")]);
+        assert_ne!(h("a"), PodHash::of("dev", "a"), "the namespace counts");
+        assert!(PodSet::default().is_empty());
+    }
+
+    #[test]
     fn everything_is_wanted_until_the_set_is_filled() {
         let w = WantedPods::everything();
         assert!(w.contains("prod", "web-0"));
         let shared = w.clone();
-        shared.insert(&NsName::new("prod", "web-1"));
+        shared.insert(PodHash::of("prod", "web-1"));
         assert!(!w.contains("prod", "web-0"), "filled: only what it names");
         assert!(w.contains("prod", "web-1"));
         assert!(!w.contains("prod/web", "-1"), "namespace and name apart");
-        w.remove(&NsName::new("prod", "web-1"));
+        w.remove(PodHash::of("prod", "web-1"));
         assert!(!w.contains("prod", "web-1"));
-        w.replace(&[NsName::new("dev", "a")]);
+        w.replace([PodHash::of_id(&NsName::new("dev", "a"))]);
         assert!(w.contains("dev", "a") && w.len() == 1);
         assert!(
             !WantedPods::default().contains("dev", "a"),

@@ -217,7 +217,7 @@ mod tests {
     use kube::{Resource, ResourceExt};
 
     use super::*;
-    use crate::model::NsName;
+    use crate::model::wanted::PodHash;
 
     const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-0","namespace":"prod","resourceVersion":"42","labels":{"app":"web"}},"spec":{"containers":[{"name":"app","image":"web:1"}]},"status":{"podIP":"10.0.0.7"}}"#;
 
@@ -301,7 +301,7 @@ mod tests {
         let body = format!(r#"{{"kind":"PodList","metadata":{{}},"items":[{POD},{other}]}}"#);
         let decode = || serde_json::from_str::<ObjectList<Wire<Pod>>>(&body).expect("a list");
         let wanted = WantedPods::default();
-        wanted.insert(&NsName::new("prod", "web-0"));
+        wanted.insert(PodHash::of("prod", "web-0"));
         let list = WANTED.scope(Some(wanted.clone()), async { decode() }).await;
         let [kept, skipped] = &list.items[..] else {
             panic!("two items")

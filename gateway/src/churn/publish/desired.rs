@@ -90,7 +90,7 @@ pub(super) fn desired_service(
         endpoints_object: capped.endpoints,
         endpoints: capped.published,
         truncated: capped.truncated,
-        pods: wanted_names(store, pods),
+        pods: pods.into_keys().collect(),
     }
 }
 
@@ -137,15 +137,6 @@ pub(super) fn resolved(
         }
     }
     objects
-}
-
-/// The wanted pods' names. A held pod's name is the one its object holds: the group's set and
-/// the wanted map share it, rather than keep the copies read out of each publication's
-/// endpoints.
-pub(super) fn wanted_names(store: &Store, pods: BTreeMap<NsName, bool>) -> BTreeSet<NsName> {
-    pods.into_keys()
-        .map(|id| store.pod(&id).map_or(id, |p| p.id().clone()))
-        .collect()
 }
 
 /// The service as published: when the cap withholds endpoints, annotated with how many of how

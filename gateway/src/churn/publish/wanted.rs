@@ -16,10 +16,10 @@
 //!   before the pod was wanted anew, is dropped.
 
 use std::collections::HashMap;
-
-use smallvec::SmallVec;
+use std::sync::Arc;
 
 use crate::churn::{Answer, Fetch};
+use crate::model::wanted::PodHash;
 use crate::model::{NsName, Object};
 
 /// Pod fetches in flight at most. A fetch is asked only for a pod a *kept* endpoint points
@@ -27,10 +27,16 @@ use crate::model::{NsName, Object};
 /// services from queueing more GETs than the remote should see at once.
 pub(super) const MAX_FETCHING: usize = 4096;
 
-/// The wanted pods.
+/// The wanted pods, by [`PodHash`]: a wanted pod costs 24 bytes, its hash and its entry, and
+/// not its name (the engine reads names again from the endpoints that name them). Two wanted
+/// pods with one hash are one entry, wanted by the services of both: the store then keeps
+/// either while one is wanted, and an event of either republishes the services of both, which
+/// publish what they did. Both are extra work, never a pod lost.
 #[derive(Debug, Default)]
 pub(super) struct Wanted {
-    pods: HashMap<NsName, Wanting>,
+    pods: HashMap<PodHash, Wanting>,
+    /// The sets of services the entries name.
+    sets: ServiceSets,
     /// Pods [`Bringing::Asked`], not answered yet.
     in_flight: usize,
     /// The next fetch's ticket.
@@ -38,12 +44,87 @@ pub(super) struct Wanted {
 }
 
 /// One wanted pod.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Wanting {
-    /// The services whose selection points at it: one, held inline, but for a pod behind
-    /// several services.
-    by: SmallVec<[NsName; 1]>,
+    /// The services whose selection points at it, as a set of [`ServiceSets`].
+    by: SetId,
     bringing: Bringing,
+}
+
+/// A set of [`ServiceSets`].
+type SetId = u32;
+
+/// Sets of services, each held once and named by a number, with how many pods name it: the
+/// 100,000 pods behind 1,000 services name 1,000 sets (or a few more, for pods behind several
+/// services), 4 bytes a pod.
+#[derive(Debug, Default)]
+struct ServiceSets {
+    /// By [`SetId`]: the services, sorted, and how many pods name the set; `None` once no pod
+    /// does (its number is given to the next new set).
+    sets: Vec<Option<(Arc<[NsName]>, u32)>>,
+    ids: HashMap<Arc<[NsName]>, SetId>,
+    free: Vec<SetId>,
+}
+
+impl ServiceSets {
+    /// The services of set `id`.
+    fn get(&self, id: SetId) -> &[NsName] {
+        self.sets[id as usize].as_ref().map_or(&[], |(set, _)| set)
+    }
+
+    /// One more pod names the set of `services` (sorted): its number.
+    fn take(&mut self, services: Vec<NsName>) -> SetId {
+        if let Some(&id) = self.ids.get(services.as_slice()) {
+            if let Some((_, uses)) = &mut self.sets[id as usize] {
+                *uses += 1;
+            }
+            return id;
+        }
+        let set: Arc<[NsName]> = services.into();
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.sets.push(None);
+                (self.sets.len() - 1) as SetId
+            }
+        };
+        self.sets[id as usize] = Some((set.clone(), 1));
+        self.ids.insert(set, id);
+        id
+    }
+
+    /// One pod less names set `id`.
+    fn give_back(&mut self, id: SetId) {
+        let slot = &mut self.sets[id as usize];
+        if let Some((set, uses)) = slot {
+            *uses -= 1;
+            if *uses == 0 {
+                self.ids.remove(set);
+                *slot = None;
+                self.free.push(id);
+            }
+        }
+    }
+
+    /// A pod that names set `id` (or none) is wanted by `svc` too: the set it names now.
+    fn with(&mut self, id: Option<SetId>, svc: &NsName) -> SetId {
+        let mut services = id.map_or_else(Vec::new, |id| self.get(id).to_vec());
+        if let Err(at) = services.binary_search(svc) {
+            services.insert(at, svc.clone());
+        }
+        let new = self.take(services);
+        id.into_iter().for_each(|old| self.give_back(old));
+        new
+    }
+
+    /// A pod that names set `id` is no longer wanted by `svc`: the set it names now, `None`
+    /// when no service wants it.
+    fn without(&mut self, id: SetId, svc: &NsName) -> Option<SetId> {
+        let services: Vec<NsName> = self.get(id).iter().filter(|s| *s != svc).cloned().collect();
+        let new = (!services.is_empty()).then(|| self.take(services));
+        self.give_back(id);
+        new
+    }
 }
 
 /// How a wanted pod is being brought in.
@@ -68,55 +149,60 @@ impl Wanted {
 
     /// True when some service wants the pod.
     pub fn contains(&self, pod: &NsName) -> bool {
-        self.pods.contains_key(pod)
-    }
-
-    /// The name a wanted pod is held under (one allocation, shared).
-    pub fn held_name(&self, pod: &NsName) -> Option<&NsName> {
-        self.pods.get_key_value(pod).map(|(name, _)| name)
+        self.pods.contains_key(&PodHash::of_id(pod))
     }
 
     /// The services that want the pod.
     pub fn by(&self, pod: &NsName) -> &[NsName] {
-        self.pods.get(pod).map_or(&[], |w| w.by.as_slice())
+        (self.pods.get(&PodHash::of_id(pod))).map_or(&[], |w| self.sets.get(w.by))
     }
 
-    /// The wanted pods' names.
-    pub fn names(&self) -> impl Iterator<Item = &NsName> {
-        self.pods.keys()
+    /// The wanted pods.
+    pub fn hashes(&self) -> impl Iterator<Item = PodHash> {
+        self.pods.keys().copied()
     }
 
     /// Forgets every wanted pod.
     pub fn clear(&mut self) {
         self.pods.clear();
+        self.sets = ServiceSets::default();
         self.in_flight = 0;
     }
 
     /// `svc` wants `pod`: true when no service wanted it before.
-    pub fn add(&mut self, pod: NsName, svc: &NsName) -> bool {
-        let w = self.pods.entry(pod).or_default();
-        w.by.push(svc.clone());
-        w.by.len() == 1
+    pub fn add(&mut self, pod: PodHash, svc: &NsName) -> bool {
+        match self.pods.get_mut(&pod) {
+            Some(w) => {
+                w.by = self.sets.with(Some(w.by), svc);
+                false
+            }
+            None => {
+                let by = self.sets.with(None, svc);
+                let bringing = Bringing::Unknown;
+                self.pods.insert(pod, Wanting { by, bringing });
+                true
+            }
+        }
     }
 
     /// `svc` no longer wants `pod`: true when no service wants it any more.
-    pub fn release(&mut self, pod: &NsName, svc: &NsName) -> bool {
-        let Some(w) = self.pods.get_mut(pod) else {
+    pub fn release(&mut self, pod: PodHash, svc: &NsName) -> bool {
+        let Some(w) = self.pods.get_mut(&pod) else {
             return false;
         };
-        w.by.retain(|s| s != svc);
-        if !w.by.is_empty() {
+        if let Some(by) = self.sets.without(w.by, svc) {
+            w.by = by;
             return false;
         }
         self.in_flight -= usize::from(matches!(w.bringing, Bringing::Asked(_)));
-        self.pods.remove(pod);
+        self.pods.remove(&pod);
         true
     }
 
     /// A watch event for the pod came: the watcher brings it from now on, and a fetch in
     /// flight is answered by it.
     pub fn seen(&mut self, pod: &NsName) {
-        if let Some(w) = self.pods.get_mut(pod) {
+        if let Some(w) = self.pods.get_mut(&PodHash::of_id(pod)) {
             self.in_flight -= usize::from(matches!(w.bringing, Bringing::Asked(_)));
             w.bringing = Bringing::Watched;
         }
@@ -125,7 +211,7 @@ impl Wanted {
     /// A fetch answered for `pod`: the pod found, when it is still wanted, this is the answer
     /// of its last ask, and no event came first (that one is newer).
     pub fn answered(&mut self, pod: &NsName, ticket: u32, answer: Answer) -> Option<Object> {
-        let w = self.pods.get_mut(pod)?;
+        let w = self.pods.get_mut(&PodHash::of_id(pod))?;
         if w.bringing != Bringing::Asked(ticket) {
             return None;
         }
@@ -155,7 +241,7 @@ impl Wanted {
             if self.in_flight >= MAX_FETCHING {
                 break;
             }
-            if let Some(w) = self.pods.get_mut(&pod)
+            if let Some(w) = self.pods.get_mut(&PodHash::of_id(&pod))
                 && w.bringing == Bringing::Unknown
             {
                 w.bringing = Bringing::Asked(ticket);
@@ -209,10 +295,14 @@ mod tests {
         NsName::new("ns", name)
     }
 
+    fn hash(name: &str) -> PodHash {
+        PodHash::of_id(&pod(name))
+    }
+
     fn wanted(names: impl IntoIterator<Item = String>) -> Wanted {
         let mut w = Wanted::default();
         for n in names {
-            w.add(pod(&n), &pod("web"));
+            w.add(hash(&n), &pod("web"));
         }
         w
     }
@@ -246,8 +336,8 @@ mod tests {
     fn only_the_last_asks_answer_counts() {
         let mut w = wanted(["a".to_owned()]);
         let old = asked(&mut w, &["a"]);
-        assert!(w.release(&pod("a"), &pod("web")));
-        w.add(pod("a"), &pod("web"));
+        assert!(w.release(hash("a"), &pod("web")));
+        w.add(hash("a"), &pod("web"));
         let new = asked(&mut w, &["a"]);
         assert!(
             w.answered(&pod("a"), old.ticket, Answer::Absent).is_none(),
@@ -283,7 +373,7 @@ mod tests {
         let mut w = wanted(["before".to_owned()]);
         w.listing();
         assert!(w.ask([pod("before")]).is_none(), "the list brings it");
-        w.add(pod("during"), &pod("web"));
+        w.add(hash("during"), &pod("web"));
         w.listed();
         assert!(w.ask([pod("before")]).is_none(), "absent from the list");
         assert_eq!(
@@ -308,12 +398,43 @@ mod tests {
     #[test]
     fn releasing_a_pod_in_flight_frees_its_place() {
         let mut w = wanted(["a".to_owned()]);
-        w.add(pod("a"), &pod("api"));
+        w.add(hash("a"), &pod("api"));
         asked(&mut w, &["a"]);
-        assert!(!w.release(&pod("a"), &pod("web")), "api still wants it");
+        assert!(!w.release(hash("a"), &pod("web")), "api still wants it");
         assert_eq!(w.in_flight, 1);
-        assert!(w.release(&pod("a"), &pod("api")));
+        assert_eq!(w.by(&pod("a")), [pod("api")]);
+        assert!(w.release(hash("a"), &pod("api")));
         assert_eq!(w.in_flight, 0);
         assert!(!w.contains(&pod("a")));
+        assert!(w.sets.ids.is_empty(), "no pod is wanted: no set is held");
+    }
+
+    #[test]
+    fn pods_behind_the_same_services_name_one_set() {
+        let mut w = Wanted::default();
+        for name in ["a", "b"] {
+            assert!(w.add(hash(name), &pod("web")));
+        }
+        assert!(!w.add(hash("b"), &pod("api")), "b was wanted already");
+        assert!(!w.add(hash("b"), &pod("api")), "twice is once");
+        assert_eq!(w.by(&pod("a")), [pod("web")]);
+        assert_eq!(
+            w.by(&pod("b")),
+            [pod("api"), pod("web")],
+            "sorted, each once"
+        );
+        assert_eq!(w.sets.ids.len(), 2, "{{web}} and {{api, web}}");
+        assert!(!w.release(hash("b"), &pod("web")));
+        assert_eq!(w.by(&pod("b")), [pod("api")]);
+        assert!(w.release(hash("a"), &pod("web")));
+        assert_eq!(
+            w.sets.ids.len(),
+            1,
+            "{{web}} and {{api, web}} are named by no pod"
+        );
+        assert!(w.add(hash("c"), &pod("db")));
+        assert_eq!(w.sets.sets.len(), 3, "a new set takes a number given back");
+        assert_eq!(w.by(&pod("c")), [pod("db")]);
+        assert_eq!(w.by(&pod("b")), [pod("api")]);
     }
 }
