@@ -15,7 +15,7 @@ BUILD := $(CARGO) build --locked --workspace
 DEMO_TARGETS ?= --bins
 DEMO_DIR := $(TARGET_DIR)/$(if $(filter dev,$(DEMO_PROFILE)),debug,$(DEMO_PROFILE))
 # The same for `make image`: the profile its binary is built with, and what that build names.
-IMAGE_PROFILE ?= release
+IMAGE_PROFILE ?= dist
 IMAGE_TARGETS ?= --bins
 IMAGE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 
@@ -80,8 +80,8 @@ e2e:
 ## benchmarks S1 and S2 side by side; writes target/floodgate-bench/report.json and report.md.
 bench:
 	$(CARGO) bench --workspace --locked
-	$(BUILD) --release -q --bins
-	$(TARGET_DIR)/release/scenarios --target-dir $(TARGET_DIR)
+	$(BUILD) --profile dist -q --bins
+	$(TARGET_DIR)/dist/scenarios --target-dir $(TARGET_DIR)
 
 ## crds: regenerate the CRD from the Rust types into manifests/crds/.
 crds:
@@ -111,7 +111,7 @@ lint:
 build:
 	$(CARGO) build --workspace --all-targets --locked
 
-## image: Floodgate's image, built offline from the release binary with buildah, into
+## image: Floodgate's image, built offline from the dist binary (fat LTO) with buildah, into
 ## target/image/floodgate.oci.tar, tagged ghcr.io/floodgate-dev/floodgate:0.1.0 (manifests/).
 ## CI builds it from the test build instead (IMAGE_PROFILE=dev IMAGE_TARGETS="--bins --tests").
 image:
