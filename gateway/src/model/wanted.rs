@@ -32,9 +32,10 @@ use super::NsName;
 
 /// A pod's identity as the engine and the pod watcher keep a pod they want: a 64-bit hash of
 /// its namespace and name, under keys drawn once per process (so nobody outside can choose
-/// names that collide). The engine wants tens of thousands of pods that may never exist (a
-/// selectorless service's endpoints name pods of another cluster): a hash is 8 bytes where
-/// the name, held and shared, cost about 100 across the engine's maps.
+/// names that collide). The engine may want tens of thousands of pods that do not exist (the
+/// endpoints of a selectorless service can name any pod): kept by name, a wanted pod cost about
+/// 200 bytes across the engine's maps and this filter, kept by hash about 56 (ARCHITECTURE.md,
+/// "What a link holds, per object").
 ///
 /// Two pods with one hash are one wanted pod to whoever keeps hashes (about one pair in 10^10
 /// at 100,000 pods): each keeper says what that costs it, never a pod lost.
