@@ -412,7 +412,7 @@ impl Store {
     /// Stops holding the pods of hash `pod` (no service wants it any more: with two pods of
     /// one hash, both).
     pub fn drop_pods(&mut self, pod: PodHash) {
-        for id in self.pod_hashes.get(&pod).cloned().unwrap_or_default() {
+        for id in self.pod_hashes.remove(&pod).unwrap_or_default() {
             self.drop_pod(&id);
         }
     }
