@@ -324,17 +324,10 @@ impl Cluster {
                     }
                 })
                 .collect();
-            Object::EndpointSlice(Arc::new(SliceObject::from(EndpointSlice {
-                address_type: "IPv4".into(),
-                endpoints: Some(endpoints),
-                metadata: self.meta(&format!("{name}-{n:05}"), labels.clone()),
-                ports: Some(vec![discovery::EndpointPort {
-                    name: Some("http".into()),
-                    port: Some(8080),
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
-            })))
+            http_slice(
+                self.meta(&format!("{name}-{n:05}"), labels.clone()),
+                endpoints,
+            )
         });
         self.store.apply(slices.collect::<Vec<_>>());
     }
@@ -396,19 +389,7 @@ impl Cluster {
             if !svc.slice_annotations.is_empty() {
                 metadata.annotations = Some(svc.slice_annotations.clone());
             }
-            objects.push(Object::EndpointSlice(Arc::new(SliceObject::from(
-                EndpointSlice {
-                    address_type: "IPv4".into(),
-                    endpoints: Some(endpoints),
-                    metadata,
-                    ports: Some(vec![discovery::EndpointPort {
-                        name: Some("http".into()),
-                        port: Some(8080),
-                        protocol: Some("TCP".into()),
-                        ..Default::default()
-                    }]),
-                },
-            ))));
+            objects.push(http_slice(metadata, endpoints));
         }
         let stale: Vec<ObjKey> = (wanted..svc.slices)
             .map(|n| ObjKey {
@@ -461,4 +442,22 @@ impl Cluster {
         self.store.apply(objects);
         self.store.delete(stale);
     }
+}
+
+/// An IPv4 EndpointSlice of `endpoints` on port `http` (8080/TCP).
+fn http_slice(metadata: ObjectMeta, endpoints: Vec<discovery::Endpoint>) -> Object {
+    Object::EndpointSlice(
+        SliceObject::from(EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: Some(endpoints),
+            metadata,
+            ports: Some(vec![discovery::EndpointPort {
+                name: Some("http".into()),
+                port: Some(8080),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+        })
+        .into(),
+    )
 }

@@ -102,7 +102,7 @@ impl SimStore {
 pub fn decode(kind: Kind, v: Value) -> Result<Object, serde_json::Error> {
     Ok(match kind {
         Kind::Service => Object::Service(Arc::new(serde_json::from_value(v)?)),
-        Kind::EndpointSlice => Object::EndpointSlice(Arc::new(serde_json::from_value(v)?)),
+        Kind::EndpointSlice => Object::EndpointSlice(serde_json::from_value(v)?),
         Kind::Endpoints => Object::Endpoints(Arc::new(serde_json::from_value(v)?)),
         Kind::Pod => Object::Pod(Arc::new(serde_json::from_value(v)?)),
         Kind::ReplicaSet => {

@@ -59,15 +59,18 @@ fn slice(svc: usize, ready: bool) -> Object {
             ..Default::default()
         })
         .collect();
-    Object::EndpointSlice(Arc::new(SliceObject::from(EndpointSlice {
-        address_type: "IPv4".into(),
-        endpoints: Some(eps),
-        metadata: meta(
-            format!("s{svc}-1"),
-            &[(SERVICE_NAME_LABEL, &format!("s{svc}"))],
-        ),
-        ports: None,
-    })))
+    Object::EndpointSlice(
+        SliceObject::from(EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: Some(eps),
+            metadata: meta(
+                format!("s{svc}-1"),
+                &[(SERVICE_NAME_LABEL, &format!("s{svc}"))],
+            ),
+            ports: None,
+        })
+        .into(),
+    )
 }
 
 fn bench(c: &mut Criterion) {
@@ -182,7 +185,7 @@ fn frame(svc: usize, ready: bool, rv: usize) -> Vec<u8> {
 fn decode(line: &[u8]) -> Option<Object> {
     match serde_json::from_slice::<WatchEvent<EndpointSlice>>(line) {
         Ok(WatchEvent::Modified(s)) if encoded_len(&s) <= MAX_OBJECT_BYTES => {
-            Some(Object::EndpointSlice(Arc::new(s.into())))
+            Some(Object::EndpointSlice(SliceObject::from(s).into()))
         }
         _ => None,
     }
@@ -194,7 +197,7 @@ fn decode_kept(line: &[u8]) -> Option<Object> {
         Ok(WatchEvent::Modified(w)) if w.bytes() <= MAX_OBJECT_BYTES => w
             .decode()
             .ok()
-            .map(|s| Object::EndpointSlice(Arc::new(s.into()))),
+            .map(|s| Object::EndpointSlice(SliceObject::from(s).into())),
         _ => None,
     }
 }

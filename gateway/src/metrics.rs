@@ -280,7 +280,7 @@ impl Collector for LinkCollector {
         gauge(
             &mut enc,
             "upstream_slices_deflated",
-            "EndpointSlices the link holds deflated: those of services with more endpoints upstream than caps.maxEndpointsPerService.",
+            "EndpointSlices the link holds for the cap to choose from, deflated against their service's own dictionary: those of services with more endpoints upstream than caps.maxEndpointsPerService (the others are deflated against one dictionary shared by all).",
             per_link(|s| s.state.engine.slices_deflated as u64),
         )?;
         gauge(

@@ -20,7 +20,9 @@ pub mod wanted;
 
 pub use endpoints::{EndpointsObject, HeldAddress, HeldSubset};
 pub use pod::PodObject;
-pub use slice::{DeflatedSlice, Dictionary, Form, HeldSlice, SliceEndpoint, SliceObject};
+pub use slice::{
+    DeflatedSlice, Dictionary, Form, HeldSlice, SliceEndpoint, SliceObject, shared_dictionary,
+};
 
 /// The label the EndpointSlice controller puts on a slice: the name of its service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -166,8 +168,8 @@ pub struct Server {
 pub enum Object {
     /// A service.
     Service(Arc<Service>),
-    /// An EndpointSlice.
-    EndpointSlice(Arc<SliceObject>),
+    /// An EndpointSlice, whole or deflated.
+    EndpointSlice(HeldSlice),
     /// A core/v1 Endpoints.
     Endpoints(Arc<EndpointsObject>),
     /// A pod.
@@ -287,7 +289,7 @@ impl Object {
         let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
         let o = match kind {
             "Service" => Object::Service(Arc::new(serde_json::from_value(v)?)),
-            "EndpointSlice" => Object::EndpointSlice(Arc::new(serde_json::from_value(v)?)),
+            "EndpointSlice" => Object::EndpointSlice(serde_json::from_value(v)?),
             "Endpoints" => Object::Endpoints(Arc::new(serde_json::from_value(v)?)),
             "Pod" => Object::Pod(Arc::new(serde_json::from_value(v)?)),
             "ReplicaSet" => {
@@ -307,7 +309,7 @@ impl Object {
     pub fn to_json(&self, resource_version: &str) -> serde_json::Value {
         let mut v = match self {
             Object::Service(o) => serde_json::to_value(o.as_ref()),
-            Object::EndpointSlice(o) => serde_json::to_value(o.as_ref()),
+            Object::EndpointSlice(o) => serde_json::to_value(o),
             Object::Endpoints(o) => serde_json::to_value(o.as_ref()),
             Object::Pod(o) => serde_json::to_value(o.as_ref()),
             Object::ReplicaSet(m) => {

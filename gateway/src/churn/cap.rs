@@ -14,13 +14,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::model::{EndpointsObject, HeldSlice, SliceObject};
+use crate::model::{EndpointsObject, Form, HeldSlice, shared_dictionary};
 
 /// What the cap kept of a service.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Capped {
-    /// The slices to publish (slices the cap emptied are left out).
-    pub slices: Vec<Arc<SliceObject>>,
+    /// The slices to publish (slices the cap emptied are left out): those it keeps whole
+    /// shared with the store, as held there.
+    pub slices: Vec<HeldSlice>,
     /// The core/v1 Endpoints to publish, if the service has one.
     pub endpoints: Option<Arc<EndpointsObject>>,
     /// Endpoints published, across slices and Endpoints (each key once).
@@ -61,12 +62,12 @@ pub fn choose<'a>(
 /// The keys of the endpoints `slices` and `endpoints` list (what a service published, when
 /// they are what [`cap`] kept: the cap sticks to them).
 pub fn keys<'a>(
-    slices: &'a [Arc<SliceObject>],
+    slices: &'a [HeldSlice],
     endpoints: Option<&'a Arc<EndpointsObject>>,
 ) -> HashSet<&'a str> {
     slices
         .iter()
-        .flat_map(|s| s.endpoints().map(|e| e.key()))
+        .flat_map(|s| s.endpoints().map(|(key, _)| key))
         .chain(
             endpoints
                 .into_iter()
@@ -110,10 +111,12 @@ pub fn cap(
             .filter(|(k, _)| chosen.contains(k))
             .count();
         if kept == slice.len() {
-            out.slices.push(slice.whole());
+            out.slices.push((*slice).clone());
         } else if kept > 0 {
-            out.slices
-                .push(Arc::new(slice.retain(|k| chosen.contains(k))));
+            // Deflated as the store holds the others, and shared with the view alike.
+            let mut kept = HeldSlice::from(slice.retain(|k| chosen.contains(k)));
+            kept.reform(Form::Deflated(Some(shared_dictionary())));
+            out.slices.push(kept);
         }
     }
     let in_slices = &chosen;
@@ -141,7 +144,7 @@ pub fn cap(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Dictionary, Form};
+    use crate::model::{Dictionary, Form, SliceObject};
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 
     fn mk_endpoint(ip: &str, ready: bool) -> Endpoint {
@@ -192,7 +195,7 @@ mod tests {
         let slices = [mk_slice("a", &[("10.0.0.1", true), ("10.0.0.2", false)])];
         let c = cap_whole(&slices, None, &HashSet::new(), 5);
         assert!(
-            Arc::ptr_eq(&c.slices[0], &slices[0]),
+            c.slices[0].shares(&HeldSlice::Whole(slices[0].clone())),
             "an uncapped slice is shared, not copied"
         );
         assert_eq!((c.total, c.truncated), (2, 0));

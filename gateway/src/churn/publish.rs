@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::store::Store;
 use super::{Answer, Fetch};
 use crate::model::wanted::{PodHash, PodSet, WantedPods};
-use crate::model::{EndpointsObject, Group, Kind, NsName, ObjKey, Object, SliceObject};
+use crate::model::{EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Object};
 use crate::view::{Change as ViewChange, View};
 
 mod desired;
@@ -54,7 +54,7 @@ pub struct Published {
     pub objects: BTreeSet<ObjKey>,
     /// The slices it published (shared with the view): the cap sticks to their endpoints
     /// ([`cap::keys`]).
-    pub slices: Vec<Arc<SliceObject>>,
+    pub slices: Vec<HeldSlice>,
     /// The core/v1 Endpoints it published, if any (the same).
     pub endpoints_object: Option<Arc<EndpointsObject>>,
     /// Endpoints published, across both.
@@ -211,6 +211,9 @@ impl Publisher {
     /// service whose state is gone upstream is published empty and forgotten. `now` is when
     /// the view publishes it.
     pub fn publish(&mut self, g: &Group, store: &mut Store, now: Instant) -> Option<Fetch> {
+        if let Group::Service(svc) = g {
+            store.freeze(svc);
+        }
         let was_published = self.has_published(g);
         let desired = match g {
             Group::Service(svc) => match store.service(svc) {

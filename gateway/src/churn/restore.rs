@@ -160,7 +160,7 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
         for slice in slices_by_service.get(&svc).into_iter().flatten() {
             p.objects.insert(slice.key());
             if let Object::EndpointSlice(s) = slice {
-                pods.extend(s.pod_refs());
+                pods.extend(s.pod_refs_ready().into_iter().map(|(pod, _)| pod));
                 p.slices.push(s.clone());
             }
         }

@@ -5,9 +5,13 @@
 //! given, and only the pods the engine wants: those behind endpoints the cap publishes (the
 //! engine checks before it hands a pod over, see [`super::publish`]). A pod nobody wants costs
 //! its decoding and a hash lookup, nothing more: that keeps a flood of pods, behind an
-//! unselected service or behind a selected one's withheld endpoints, out of memory. The slices
-//! of a service with more endpoints than the cap are held deflated ([`HeldSlice`]): the cap
-//! reads their keys as they are and thaws only those it keeps an endpoint of.
+//! unselected service or behind a selected one's withheld endpoints, out of memory. Slices are
+//! held deflated ([`HeldSlice`]): those of a service with more endpoints than the cap against
+//! their service's dictionary from the change that takes it over (the cap reads their keys as
+//! they are and thaws only those it keeps an endpoint of); the others against the
+//! [`shared_dictionary`] once their service publishes ([`Store::freeze`]), so that the view
+//! and the store share one deflated copy, and a slice that changes many times between two
+//! publications (a flood, coalesced) is deflated once, not at every change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -19,9 +23,10 @@ use smallvec::SmallVec;
 
 use crate::model::wanted::PodHash;
 use crate::model::{
-    Dictionary, EndpointsObject, Form, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject,
-    Server, SliceEndpoint, SliceObject,
+    Dictionary, EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject, Server,
 };
+
+mod slices;
 
 /// What a change touched.
 #[derive(Debug, Default)]
@@ -60,7 +65,8 @@ pub struct Store {
     servers: HashMap<NsName, Arc<Server>>,
     /// Upstream endpoints per service, across its slices (for flood detection).
     slice_endpoints: HashMap<NsName, usize>,
-    /// Slices held deflated.
+    /// Slices held deflated against their service's dictionary: those of services over the
+    /// cap (the others are deflated against the [`shared_dictionary`]).
     deflated: usize,
     /// What the slices of each service over the cap are deflated against: the JSON of the
     /// slice that took it over, or of its first slice then.
@@ -89,7 +95,8 @@ impl Store {
         }
     }
 
-    /// EndpointSlices held deflated: those of services over the cap.
+    /// EndpointSlices held for the cap to choose from: those of services over the cap, each
+    /// deflated against its service's dictionary.
     pub fn slices_deflated(&self) -> usize {
         self.deflated
     }
@@ -197,131 +204,6 @@ impl Store {
             t.groups.push(Group::Servers(id.namespace.clone()));
         }
         t
-    }
-
-    /// A slice applied or deleted: the endpoints it changed, its service's (and, when its
-    /// service label changed, its former service's) endpoint count and slices, and the groups
-    /// of those that are selected.
-    fn change_slice(&mut self, id: &NsName, obj: Option<Object>) -> Touched {
-        let mut t = Touched::default();
-        let old = self.slices.remove(id);
-        self.deflated -= usize::from(old.as_ref().is_some_and(HeldSlice::is_deflated));
-        let new = match obj {
-            Some(Object::EndpointSlice(s)) => Some(s),
-            _ => None,
-        };
-        t.endpoints_changed = endpoints_changed(old.as_ref(), new.as_deref());
-        let old_svc = old.as_ref().and_then(HeldSlice::service);
-        let new_svc = new.as_deref().and_then(SliceObject::service);
-        let capped_before = [&old_svc, &new_svc].map(|s| s.as_ref().map(|s| self.capped(s)));
-        if let (Some(o), Some(svc)) = (&old, &old_svc) {
-            self.release_slice(id, o, svc, new_svc.as_ref() != Some(svc));
-        }
-        if let (Some(n), Some(svc)) = (new, &new_svc) {
-            self.hold_slice(id, n, svc, old_svc.as_ref() != Some(svc));
-        }
-        for (svc, before) in [&old_svc, &new_svc].into_iter().zip(capped_before) {
-            if let Some(svc) = svc
-                && before != Some(self.capped(svc))
-            {
-                self.reform(svc);
-            }
-        }
-        for svc in [old_svc, new_svc].into_iter().flatten() {
-            if self.is_selected(&svc) {
-                t.relevant = true;
-                if !t.groups.contains(&Group::Service(svc.clone())) {
-                    t.groups.push(Group::Service(svc));
-                }
-            }
-        }
-        t
-    }
-
-    /// Holds slice `id` of `svc`, counting its endpoints; `moved` when `svc` did not hold it
-    /// before (a new slice, or one whose service label changed).
-    /// The slice is held deflated when that leaves its service over the cap.
-    fn hold_slice(&mut self, id: &NsName, slice: Arc<SliceObject>, svc: &NsName, moved: bool) {
-        *self.slice_endpoints.entry(svc.clone()).or_default() += slice.endpoints().len();
-        if moved {
-            self.slices_by_service
-                .entry(svc.clone())
-                .or_default()
-                .insert(id.clone());
-        }
-        let form = match self.capped(svc) {
-            false => Form::Whole,
-            true => Form::Deflated(Some(
-                (self.dictionaries.entry(svc.clone()))
-                    .or_insert_with(|| slice.json().as_bytes().into()),
-            )),
-        };
-        let mut held = HeldSlice::Whole(slice);
-        held.reform(form);
-        self.deflated += usize::from(held.is_deflated());
-        self.slices.insert(id.clone(), held);
-    }
-
-    /// True when `svc` has more endpoints upstream than the cap publishes.
-    fn capped(&self, svc: &NsName) -> bool {
-        self.endpoint_count(svc) > self.max_endpoints
-    }
-
-    /// Holds every slice of `svc` as its count says (see [`Self::hold_slice`]): once, as it
-    /// crosses the cap.
-    fn reform(&mut self, svc: &NsName) {
-        let capped = self.capped(svc);
-        let dictionary = match capped {
-            true => self.dictionary(svc),
-            false => {
-                self.dictionaries.remove(svc);
-                None
-            }
-        };
-        let form = match capped {
-            true => Form::Deflated(dictionary.as_ref()),
-            false => Form::Whole,
-        };
-        for id in self.slices_by_service.get(svc).into_iter().flatten() {
-            if let Some(s) = self.slices.get_mut(id) {
-                self.deflated -= usize::from(s.is_deflated());
-                s.reform(form);
-                self.deflated += usize::from(s.is_deflated());
-            }
-        }
-    }
-
-    /// What the slices of `svc`, over the cap, are deflated against: the dictionary it has,
-    /// or else the JSON of its first slice held whole.
-    fn dictionary(&mut self, svc: &NsName) -> Option<Dictionary> {
-        if let Some(d) = self.dictionaries.get(svc) {
-            return Some(d.clone());
-        }
-        let first = (self.slices_by_service.get(svc)?.iter()).find_map(|id| {
-            match &self.slices.get(id)? {
-                HeldSlice::Whole(s) => Some(Dictionary::from(s.json().as_bytes())),
-                HeldSlice::Deflated(_) => None,
-            }
-        })?;
-        self.dictionaries.insert(svc.clone(), first.clone());
-        Some(first)
-    }
-
-    /// Takes what slice `id` of `svc` was (`old`) off its service's endpoint count; `moved`
-    /// when `svc` holds it no more (deleted, or its service label changed).
-    fn release_slice(&mut self, id: &NsName, old: &HeldSlice, svc: &NsName, moved: bool) {
-        if let Some(n) = self.slice_endpoints.get_mut(svc) {
-            *n = n.saturating_sub(old.len());
-            if *n == 0 {
-                self.slice_endpoints.remove(svc);
-            }
-        }
-        if moved && let Some(set) = self.slices_by_service.get_mut(svc) {
-            set.remove(id);
-            if set.is_empty() {
-                self.slices_by_service.remove(svc);
-            }
-        }
     }
 
     /// An Endpoints applied or deleted: its service's group, if selected.
@@ -469,26 +351,6 @@ impl Store {
     }
 }
 
-/// Endpoints that differ between two states of a slice: added, removed, or changed (matched
-/// by their first address; a new address is a removal and an addition). A state held deflated
-/// is thawed to compare.
-fn endpoints_changed(old: Option<&HeldSlice>, new: Option<&SliceObject>) -> usize {
-    let old = old.map(HeldSlice::whole);
-    let old = old.as_deref();
-    fn by_address(s: Option<&SliceObject>) -> HashMap<&str, SliceEndpoint<'_>> {
-        s.into_iter()
-            .flat_map(SliceObject::endpoints)
-            .map(|e| (e.first_address(), e))
-            .collect()
-    }
-    let (old, new) = (by_address(old), by_address(new));
-    let changed = new
-        .iter()
-        .filter(|(a, e)| old.get(*a).is_none_or(|o| o != *e))
-        .count();
-    changed + old.keys().filter(|a| !new.contains_key(*a)).count()
-}
-
 /// True when `selector` selects an object with `labels`: the empty selector selects everything,
 /// an invalid one (`None`) nothing.
 fn selects(selector: Option<&Selector>, labels: Option<&BTreeMap<String, String>>) -> bool {
@@ -498,7 +360,9 @@ fn selects(selector: Option<&Selector>, labels: Option<&BTreeMap<String, String>
 
 #[cfg(test)]
 mod tests {
+    use super::slices::{endpoints_changed, for_cap};
     use super::*;
+    use crate::model::{Form, shared_dictionary};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -594,10 +458,10 @@ mod tests {
         };
         let a = slice(&[(1, true), (2, true), (3, true)]);
         assert_eq!(endpoints_changed(None, Some(&a)), 3, "all added");
-        let mut deflated = HeldSlice::Whole(a.clone());
+        let mut deflated = a.clone();
         deflated.reform(Form::Deflated(None));
         // Held either way, the old state counts alike.
-        for old in [HeldSlice::Whole(a), deflated] {
+        for old in [a, deflated] {
             let same = slice(&[(1, true), (2, true), (3, true)]);
             assert_eq!(endpoints_changed(Some(&old), Some(&same)), 0);
             let flipped = slice(&[(1, false), (2, true), (3, false)]);
@@ -616,9 +480,11 @@ mod tests {
         }
     }
 
-    /// A service's slices are held deflated while it has more endpoints upstream than the cap,
-    /// all of them from the change that takes it over, and whole again from the one that
-    /// brings it back.
+    /// A service's slices are held deflated against its own dictionary while it has more
+    /// endpoints upstream than the cap, all of them from the change that takes it over, and
+    /// against the shared one again from the one that brings it back. Within the cap, a new
+    /// slice is deflated against the shared one, and a changed one held as given until its
+    /// service publishes ([`Store::freeze`]).
     #[test]
     fn a_service_over_the_cap_has_its_slices_held_deflated() {
         use crate::churn::tests::mk_slice;
@@ -627,14 +493,13 @@ mod tests {
             kind: Kind::EndpointSlice,
             id: NsName::new("ns", name),
         };
+        // Each slice's name, and whether it is held whole or deflated against the shared
+        // dictionary (not against its service's).
         let forms = |store: &Store| -> Vec<(String, bool)> {
             let svc = NsName::new("ns", "web");
             let mut v: Vec<(String, bool)> = (store.slices_by_service.get(&svc).into_iter())
                 .flatten()
-                .map(|id| {
-                    let whole = matches!(store.slices[id], HeldSlice::Whole(_));
-                    (id.name.to_string(), whole)
-                })
+                .map(|id| (id.name.to_string(), !for_cap(&store.slices[id])))
                 .collect();
             v.sort();
             v
@@ -650,9 +515,35 @@ mod tests {
         assert_eq!(
             forms(&store),
             [("web-a".into(), true), ("web-b".into(), true)],
-            "at the cap, whole"
+            "at the cap, not against the service's dictionary"
         );
         assert_eq!(store.slices_deflated(), 0);
+        let shared = |store: &Store| {
+            (store.slices.values()).all(|s| {
+                s.dictionary()
+                    .is_some_and(|d| Arc::ptr_eq(d, shared_dictionary()))
+            })
+        };
+        assert!(
+            shared(&store),
+            "new, deflated against the shared dictionary"
+        );
+        store.change(
+            &key("web-a"),
+            Some(mk_slice("web", "web-a", &[(1, true), (2, false)])),
+        );
+        assert!(
+            matches!(
+                store.slices[&NsName::new("ns", "web-a")],
+                HeldSlice::Whole(_)
+            ),
+            "changed, held as given until its service publishes"
+        );
+        store.freeze(&NsName::new("ns", "web"));
+        assert!(
+            shared(&store),
+            "frozen to publish: deflated against the shared dictionary"
+        );
         store.change(&key("web-c"), Some(mk_slice("web", "web-c", &[(5, false)])));
         assert_eq!(
             forms(&store),
@@ -661,7 +552,7 @@ mod tests {
                 ("web-b".into(), false),
                 ("web-c".into(), false)
             ],
-            "over it, every slice deflated"
+            "over it, every slice deflated against the service's"
         );
         assert_eq!(store.slices_deflated(), 3);
         // Against one dictionary: the JSON of web-c, the slice that took the service over.
@@ -700,13 +591,11 @@ mod tests {
         assert_eq!(
             forms(&store),
             [("web-b".into(), true), ("web-c".into(), true)],
-            "back at the cap, whole again"
+            "back at the cap, against the shared one again"
         );
         assert_eq!(store.slices_deflated(), 0);
         assert!(store.dictionaries.is_empty(), "no dictionary held for it");
-        let HeldSlice::Whole(c) = &store.slices[&NsName::new("ns", "web-c")] else {
-            unreachable!("asserted whole above")
-        };
+        let c = store.slices[&NsName::new("ns", "web-c")].whole();
         assert_eq!(
             c.endpoints()
                 .map(|e| (e.key(), e.is_ready()))

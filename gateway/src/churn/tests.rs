@@ -52,29 +52,32 @@ pub(crate) fn mk_service(name: &str, exported: bool) -> Object {
 
 /// A slice of `svc` whose endpoints are 10.<n>.x.y with ready flags; each points at pod `<svc>-<i>`.
 pub(crate) fn mk_slice(svc: &str, name: &str, eps: &[(u32, bool)]) -> Object {
-    Object::EndpointSlice(Arc::new(SliceObject::from(EndpointSlice {
-        address_type: "IPv4".into(),
-        metadata: meta(name, &[(SERVICE_NAME_LABEL, svc)]),
-        endpoints: Some(
-            eps.iter()
-                .map(|(i, ready)| Endpoint {
-                    addresses: vec![format!("10.0.{}.{}", i / 256, i % 256)],
-                    conditions: Some(EndpointConditions {
-                        ready: Some(*ready),
+    Object::EndpointSlice(
+        Arc::new(SliceObject::from(EndpointSlice {
+            address_type: "IPv4".into(),
+            metadata: meta(name, &[(SERVICE_NAME_LABEL, svc)]),
+            endpoints: Some(
+                eps.iter()
+                    .map(|(i, ready)| Endpoint {
+                        addresses: vec![format!("10.0.{}.{}", i / 256, i % 256)],
+                        conditions: Some(EndpointConditions {
+                            ready: Some(*ready),
+                            ..Default::default()
+                        }),
+                        target_ref: Some(ObjectReference {
+                            kind: Some("Pod".into()),
+                            name: Some(format!("{svc}-{i}")),
+                            namespace: Some("ns".into()),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    target_ref: Some(ObjectReference {
-                        kind: Some("Pod".into()),
-                        name: Some(format!("{svc}-{i}")),
-                        namespace: Some("ns".into()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
-        ports: None,
-    })))
+                    })
+                    .collect(),
+            ),
+            ports: None,
+        }))
+        .into(),
+    )
 }
 
 pub(crate) fn mk_pod(name: &str, phase: &str) -> Object {
@@ -356,7 +359,7 @@ async fn churn_beyond_the_cap_publishes_nothing() {
             for ep in typed.endpoints.iter_mut().flatten().skip(3) {
                 ep.conditions.get_or_insert_default().serving = Some(round.is_multiple_of(2));
             }
-            *s = Arc::new(typed.into());
+            *s = SliceObject::from(typed).into();
         }
         apply(&mut e, slice);
         time::advance(Duration::from_millis(150)).await;
@@ -420,20 +423,30 @@ async fn pods_behind_published_endpoints_are_served() {
     );
 }
 
-/// What a service publishes is the object upstream gave, shared, not a copy: a slice and a
-/// pod are each held once, for the engine's store and the view (which writes their served
-/// JSON from them).
+/// What a service publishes is the object the store holds, shared, not a copy: a slice
+/// (deflated by the store) and a pod (the object upstream gave) are each held once, for the
+/// engine's store and the view (which writes their served JSON from them).
 #[tokio::test(start_paused = true)]
-async fn a_published_slice_and_pod_are_the_objects_ingested() {
+async fn a_published_slice_and_pod_are_the_objects_held() {
     let slice = mk_slice("web", "web-a", &[(1, true)]);
     let pod = mk_pod("web-1", "Running");
     let mut e = synced(&mk_spec(), vec![mk_service("web", true), slice.clone()]);
     apply(&mut e, pod.clone());
     run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
-    for o in [&slice, &pod] {
+    let Object::EndpointSlice(given) = &slice else {
+        unreachable!("mk_slice makes slices")
+    };
+    let svc = given.service().expect("mk_slice names a service");
+    let held = e.store.slices_of(&svc)[0].clone();
+    assert!(
+        held.dictionary().is_some() && held == *given,
+        "the store holds the slice deflated, as it was given"
+    );
+    let held = Object::EndpointSlice(held);
+    for (o, held) in [(&slice, &held), (&pod, &pod)] {
         let served = e.view().get(&o.key()).expect("published");
-        let shared = match (&served.object, o) {
-            (Object::EndpointSlice(a), Object::EndpointSlice(b)) => Arc::ptr_eq(a, b),
+        let shared = match (&served.object, held) {
+            (Object::EndpointSlice(a), Object::EndpointSlice(b)) => a.shares(b),
             (Object::Pod(a), Object::Pod(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };

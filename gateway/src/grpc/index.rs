@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Service;
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
 use super::snapshot;
-use crate::model::{Kind, NsName, Object, SliceObject};
+use crate::model::{HeldSlice, Kind, NsName, Object};
 use crate::view::{Event, EventType, View};
 
 /// The view's Service and EndpointSlice feeds, followed together (the other kinds' changes
@@ -54,7 +54,7 @@ pub struct Index {
     only: Option<NsName>,
     services: BTreeMap<NsName, Arc<Service>>,
     /// Slices by their service, then by their name (the order snapshots list them in).
-    slices: HashMap<NsName, BTreeMap<Arc<str>, Arc<SliceObject>>>,
+    slices: HashMap<NsName, BTreeMap<Arc<str>, HeldSlice>>,
     /// Each indexed slice's service, to move or remove it when it changes.
     owner: HashMap<NsName, NsName>,
     /// Changes at or below these versions are already in the lists taken by `resync`.
@@ -125,7 +125,7 @@ impl Index {
         (rx, dirty)
     }
 
-    fn insert_slice(&mut self, slice: &Arc<SliceObject>) -> Option<NsName> {
+    fn insert_slice(&mut self, slice: &HeldSlice) -> Option<NsName> {
         let svc = slice.service().filter(|s| self.covers(s))?;
         let id = slice.id().clone();
         self.slices
@@ -185,7 +185,7 @@ impl Index {
         snapshot::build(
             id,
             self.services.get(id).map(|s| &**s),
-            slices.into_iter().flat_map(|m| m.values().map(|s| &**s)),
+            slices.into_iter().flat_map(|m| m.values()),
             self.version,
             phase,
         )
@@ -206,7 +206,7 @@ mod tests {
 
     fn slice(name: &str, service: &str, ips: &[&str]) -> Object {
         let eps = ips.iter().map(|ip| mk_endpoint(ip, "p", true)).collect();
-        Object::EndpointSlice(Arc::new(mk_slice("prod", name, service, eps)))
+        Object::EndpointSlice(mk_slice("prod", name, service, eps).into())
     }
 
     fn id(name: &str) -> NsName {

@@ -5,7 +5,7 @@ use floodgate_link_crd::Phase;
 use floodgate_proto::v1::{Endpoint, EndpointSnapshot, Port};
 use k8s_openapi::api::core::v1::Service;
 
-use crate::model::{NsName, SliceObject};
+use crate::model::{HeldSlice, NsName};
 
 /// The annotation on a published Service that counts the endpoints the cap withheld.
 pub const TRUNCATED_ANNOTATION: &str = "floodgate.dev/endpoints-truncated";
@@ -19,7 +19,7 @@ pub const TOTAL_ANNOTATION: &str = "floodgate.dev/endpoints-total";
 pub fn build<'a>(
     id: &NsName,
     service: Option<&Service>,
-    slices: impl IntoIterator<Item = &'a SliceObject>,
+    slices: impl IntoIterator<Item = &'a HeldSlice>,
     version: u64,
     phase: Phase,
 ) -> EndpointSnapshot {
@@ -105,7 +105,7 @@ pub(crate) mod tests {
     use k8s_openapi::api::discovery::v1::{self as discovery, EndpointConditions};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use crate::model::SERVICE_NAME_LABEL;
+    use crate::model::{SERVICE_NAME_LABEL, SliceObject};
 
     pub(crate) fn mk_service(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Service {
         Service {
@@ -188,7 +188,13 @@ pub(crate) mod tests {
             "web",
             vec![mk_endpoint("10.0.0.3", "web-2", true)],
         );
-        let snap = build(&id, Some(&svc), [&a, &b], 42, Phase::Healthy);
+        let snap = build(
+            &id,
+            Some(&svc),
+            [&a.clone().into(), &b.clone().into()],
+            42,
+            Phase::Healthy,
+        );
         assert_eq!(snap.version, 42);
         assert_eq!(
             (snap.namespace.as_str(), snap.service.as_str()),
@@ -229,7 +235,7 @@ pub(crate) mod tests {
         let snap = build(
             &NsName::new("prod", "web"),
             Some(&mk_service("prod", "web", &[])),
-            [&slice],
+            [&slice.clone().into()],
             1,
             Phase::Healthy,
         );
@@ -258,7 +264,7 @@ pub(crate) mod tests {
         let snap = build(
             &NsName::new("prod", "web"),
             Some(&svc),
-            [&slice],
+            [&slice.clone().into()],
             1,
             Phase::Throttled,
         );
@@ -268,7 +274,7 @@ pub(crate) mod tests {
         let snap = build(
             &NsName::new("prod", "web"),
             Some(&garbled),
-            [&slice],
+            [&slice.clone().into()],
             1,
             Phase::Healthy,
         );
@@ -285,7 +291,7 @@ pub(crate) mod tests {
         let snap = build(
             &NsName::new("prod", "web"),
             None,
-            [&slice],
+            [&slice.clone().into()],
             5,
             Phase::Quarantined,
         );

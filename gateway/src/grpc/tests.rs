@@ -87,9 +87,9 @@ fn slice(name: &str, service: &str, ready: &[bool]) -> Change {
         .enumerate()
         .map(|(i, r)| mk_endpoint(&format!("10.0.0.{i}"), &format!("{service}-{i}"), *r))
         .collect();
-    Change::Upsert(Object::EndpointSlice(Arc::new(mk_slice(
-        "prod", name, service, eps,
-    ))))
+    Change::Upsert(Object::EndpointSlice(
+        Arc::new(mk_slice("prod", name, service, eps)).into(),
+    ))
 }
 
 async fn next(s: &mut <MirrorService as Mirror>::WatchEndpointsStream) -> EndpointSnapshot {

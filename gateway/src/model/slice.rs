@@ -13,9 +13,10 @@
 //! the JSON where a label selector or a metadata-only form reads it. The pods its endpoints
 //! name share its namespace's allocation ([`SliceObject::pod_refs_ready`]).
 //! The same JSON is what the view serves ([`crate::view::Stored`] writes it behind
-//! `apiVersion`, `kind` and the resourceVersion), so a published slice is held once, and a
-//! LIST copies each slice from one place (the facade benchmark's LIST of 10,000 slices was
-//! 6-14 ms slower when a slice was written from a buffer per endpoint). The typed form is
+//! `apiVersion`, `kind` and the resourceVersion), so a published slice is held once: deflated,
+//! as a [`HeldSlice`] (`deflated.rs` says when), and inflated whole where it is served (the
+//! facade benchmark's LIST of 10,000 slices was 6-14 ms slower when a slice was written from a
+//! buffer per endpoint). The typed form is
 //! rebuilt where a consumer reads an endpoint's other fields: the protobuf encoding and the
 //! gRPC snapshot, once per published version, and the pod references of published endpoints
 //! ([`SliceObject::pod_refs`]).
@@ -132,6 +133,18 @@ pub(super) fn raw_pod_ref(json: &str, owner: &Arc<str>) -> Option<NsName> {
         namespace,
         name: r.name?.as_ref().into(),
     })
+}
+
+/// The metadata of a slice's JSON, decoded (the rest is skipped).
+fn metadata_of(json: &str) -> ObjectMeta {
+    #[derive(Deserialize)]
+    struct Head {
+        #[serde(default)]
+        metadata: ObjectMeta,
+    }
+    serde_json::from_str::<Head>(json)
+        .expect("the JSON was encoded from an EndpointSlice, so its metadata decodes")
+        .metadata
 }
 
 /// An EndpointSlice held compactly (see the module docs).
@@ -335,14 +348,7 @@ impl SliceObject {
 
     /// Its metadata, decoded (the rest of the JSON is skipped).
     pub fn metadata(&self) -> ObjectMeta {
-        #[derive(Deserialize)]
-        struct Head {
-            #[serde(default)]
-            metadata: ObjectMeta,
-        }
-        serde_json::from_str::<Head>(self.json())
-            .expect("the JSON was encoded from an EndpointSlice, so its metadata decodes")
-            .metadata
+        metadata_of(self.json())
     }
 
     /// Its JSON, without `apiVersion`, `kind` and `metadata.resourceVersion`, `metadata`
@@ -411,7 +417,7 @@ impl<'de> Deserialize<'de> for SliceObject {
 
 mod deflated;
 
-pub use deflated::{DeflatedSlice, Dictionary, Form, HeldSlice};
+pub use deflated::{DeflatedSlice, Dictionary, Form, HeldSlice, shared_dictionary};
 
 #[cfg(test)]
 mod tests;

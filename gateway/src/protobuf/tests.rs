@@ -31,8 +31,8 @@ fn service() -> Object {
 }
 
 fn slice() -> Object {
-    Object::EndpointSlice(Arc::new(
-        serde_json::from_value(json!({
+    Object::EndpointSlice(
+        serde_json::from_value::<crate::model::SliceObject>(json!({
             "metadata": {"name": "web-abc", "namespace": "prod",
                 "labels": {"kubernetes.io/service-name": "web"}},
             "addressType": "IPv4",
@@ -41,8 +41,9 @@ fn slice() -> Object {
                 "targetRef": {"kind": "Pod", "name": "web-0", "namespace": "prod", "uid": "p-0"}}],
             "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
         }))
-        .expect("a slice"),
-    ))
+        .expect("a slice")
+        .into(),
+    )
 }
 
 fn open_item(envelope: &[u8], api_version: &str, kind: &str) -> Vec<u8> {

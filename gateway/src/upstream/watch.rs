@@ -103,7 +103,7 @@ impl Watch<'_> {
             typed(s, |s| Object::Service(Arc::new(s)))
         });
         self.spawn_open::<EndpointSlice>(tasks, Kind::EndpointSlice, labelled.clone(), |s| {
-            typed(s, |s| Object::EndpointSlice(Arc::new(trim::slice(s))))
+            typed(s, |s| Object::EndpointSlice(trim::slice(s).into()))
         });
         self.spawn_open::<Endpoints>(tasks, Kind::Endpoints, labelled.clone(), |s| {
             typed(s, |s| Object::Endpoints(Arc::new(trim::endpoints(s))))

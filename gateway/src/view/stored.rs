@@ -3,10 +3,10 @@
 //! ([`Event`]).
 //!
 //! A pod's JSON is held once. Pods and EndpointSlices (most of what a link serves) are held
-//! as their JSON already ([`crate::model::PodObject`], [`crate::model::SliceObject`]), shared
-//! with the engine's store: their served JSON is written from it where it is served (lists,
-//! initial events), behind `apiVersion`, `kind` and the resourceVersion, so the view holds no
-//! second copy. So is a core/v1 Endpoints' (one a service, rarely listed: encoded where it is
+//! as their JSON already ([`crate::model::PodObject`], and a slice's deflated:
+//! [`crate::model::HeldSlice`]), shared with the engine's store: their served JSON is written
+//! from it where it is served (lists, initial events; a slice's inflated), behind
+//! `apiVersion`, `kind` and the resourceVersion, so the view holds no second copy. So is a core/v1 Endpoints' (one a service, rarely listed: encoded where it is
 //! served). Every other kind's served JSON is a slice of the watch frame of the event that
 //! stored it. Every event's frame is written whole, once, for every watcher. The history keeps
 //! it only for those other kinds (their JSON is the frame); a pod's, a slice's or an Endpoints'
@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use super::metadata::Metadata;
-use crate::model::Object;
+use crate::model::{Form, HeldSlice, Object, shared_dictionary};
 use crate::protobuf::{self, Forms};
 
 /// One stored object.
@@ -48,8 +48,15 @@ impl Stored {
 
     /// Stamps `object` with a version and encodes it as the frame of a `kind` event. The
     /// stored JSON is a slice of that frame (the object and its event share one buffer), or,
-    /// for the kinds [`written_on_demand`], written from the object where it is served.
-    pub(super) fn framed(object: Object, resource_version: u64, kind: EventType) -> (Self, Bytes) {
+    /// for the kinds [`written_on_demand`], written from the object where it is served. A
+    /// slice is kept deflated: one a link's engine publishes is already (shared with its
+    /// store); one a follower or a restored view decoded is deflated here, once its frame is
+    /// written.
+    pub(super) fn framed(
+        mut object: Object,
+        resource_version: u64,
+        kind: EventType,
+    ) -> (Self, Bytes) {
         let (frame, json) = match &object {
             o if written_on_demand(o) => {
                 let mut b = Vec::with_capacity(1024);
@@ -68,6 +75,9 @@ impl Stored {
                 (frame, Json::Framed(json))
             }
         };
+        if let Object::EndpointSlice(slice @ HeldSlice::Whole(_)) = &mut object {
+            slice.reform(Form::Deflated(Some(shared_dictionary())));
+        }
         let stored = Self {
             resource_version,
             object,
@@ -168,7 +178,27 @@ fn write_served(out: &mut Vec<u8>, object: &Object, resource_version: u64) {
     let encoded;
     let (head, held): (&[u8], &str) = match object {
         Object::Pod(pod) => (POD_HEAD, pod.json().get()),
-        Object::EndpointSlice(slice) => (SLICE_HEAD, slice.json()),
+        Object::EndpointSlice(slice) => {
+            // Inflated where it goes, then its `{"metadata":{` made the head's.
+            let start = out.len();
+            out.extend_from_slice(SLICE_HEAD);
+            // A number into a `Vec`: no failure case.
+            let _ = serde_json::to_writer(&mut *out, &resource_version);
+            let at = out.len();
+            slice.write_json(out);
+            if let Some(rest) = out[at..].strip_prefix(METADATA_OPEN.as_bytes()) {
+                // A comma if the metadata has fields.
+                let comma: &[u8] = if rest.starts_with(b"}") {
+                    b"\""
+                } else {
+                    b"\","
+                };
+                out.splice(at..at + METADATA_OPEN.len(), comma.iter().copied());
+                return;
+            }
+            out.truncate(start);
+            (SLICE_HEAD, "")
+        }
         Object::Endpoints(e) => {
             // One Endpoints a service, rarely listed (consumers read slices): encoded here.
             encoded = serde_json::to_string(e.as_ref()).unwrap_or_default();

@@ -225,6 +225,7 @@ fn a_stored_object_and_its_event_share_one_buffer() {
 
 #[test]
 fn pods_slices_and_endpoints_are_served_from_their_held_form() {
+    // A slice is held deflated, and served inflated as the whole slice would be.
     use k8s_openapi::api::core::v1::{Endpoints, Pod};
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     let pod = |meta: serde_json::Value| -> Object {
@@ -245,7 +246,7 @@ fn pods_slices_and_endpoints_are_served_from_their_held_form() {
             "ports": [{"name": "http", "port": 80}]
         }))
         .expect("a slice");
-        Object::EndpointSlice(Arc::new(s.into()))
+        Object::EndpointSlice(crate::model::SliceObject::from(s).into())
     };
     let endpoints = |meta: serde_json::Value| -> Object {
         let e: Endpoints = serde_json::from_value(serde_json::json!({
@@ -269,6 +270,12 @@ fn pods_slices_and_endpoints_are_served_from_their_held_form() {
                 object.kind()
             );
             assert_eq!(json.len(), stored.json_len());
+            if let Object::EndpointSlice(held) = &stored.object {
+                assert!(
+                    held.dictionary().is_some(),
+                    "a slice given whole (as a follower decodes it) is kept deflated"
+                );
+            }
             let served: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
             assert_eq!(served, object.to_json(&rv.to_string()), "rv {rv}");
             assert_eq!(

@@ -11,7 +11,7 @@ use super::super::cap;
 use super::super::store::Store;
 use super::Published;
 use crate::model::{
-    EndpointsObject, NsName, ObjKey, Object, SliceObject, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION,
+    EndpointsObject, HeldSlice, NsName, ObjKey, Object, TOTAL_ANNOTATION, TRUNCATED_ANNOTATION,
 };
 
 /// What a service's publication holds.
@@ -20,7 +20,7 @@ pub(super) struct Desired {
     pub(super) objects: Vec<Object>,
     /// Objects that stay served as published before (a contained service's endpoints).
     pub(super) frozen: Vec<ObjKey>,
-    pub(super) slices: Vec<Arc<SliceObject>>,
+    pub(super) slices: Vec<HeldSlice>,
     pub(super) endpoints_object: Option<Arc<EndpointsObject>>,
     pub(super) endpoints: usize,
     pub(super) truncated: usize,
@@ -68,7 +68,7 @@ pub(super) fn desired_service(
     let mut capped = cap::cap(&slices, store.endpoints_of(svc), &kept, max);
     // A slice that is as this group published it stays the one published: the view and the
     // group share it, rather than the group hold a copy thawed or cut anew.
-    let before: HashMap<&NsName, &Arc<SliceObject>> =
+    let before: HashMap<&NsName, &HeldSlice> =
         previous.slices.iter().map(|s| (s.id(), s)).collect();
     for s in &mut capped.slices {
         if let Some(&p) = before.get(s.id())
@@ -97,13 +97,13 @@ pub(super) fn desired_service(
 /// Each pod the kept endpoints point at, and whether some kept endpoint pointing at it is
 /// ready.
 pub(super) fn referred(
-    slices: &[Arc<SliceObject>],
+    slices: &[HeldSlice],
     endpoints: Option<&Arc<EndpointsObject>>,
     pods: &mut BTreeMap<NsName, bool>,
 ) {
     let mut refer = |(pod, ready): (NsName, bool)| *pods.entry(pod).or_default() |= ready;
     for s in slices {
-        s.pod_refs_ready().for_each(&mut refer);
+        s.pod_refs_ready().into_iter().for_each(&mut refer);
     }
     if let Some(ep) = endpoints {
         ep.pod_refs_ready().for_each(&mut refer);

@@ -74,7 +74,7 @@ async fn a_flooding_service_is_contained_and_calm_services_keep_flowing() {
             loop {
                 let want = format!("10.0.{}.{}", ip / 256, ip % 256);
                 let seen = published_slice(&e, &format!("{name}-1")).is_some_and(|o| {
-                    matches!(o, Object::EndpointSlice(s) if s.endpoints().any(|ep| ep.key() == want))
+                    matches!(o, Object::EndpointSlice(s) if s.endpoints().any(|(key, _)| key == want))
                 });
                 if seen {
                     delays.push(waited);
@@ -205,7 +205,7 @@ async fn a_cold_start_during_a_flood_syncs_with_the_flooding_service_capped_and_
             }
             _ => None,
         })
-        .flat_map(|sl| sl.endpoints().map(|ep| ep.is_ready()).collect::<Vec<_>>())
+        .flat_map(|sl| sl.endpoints().map(|(_, ready)| ready).collect::<Vec<_>>())
         .collect();
     assert_eq!(hot_endpoints.len(), 10, "capped");
     assert!(hot_endpoints.iter().all(|r| *r), "ready endpoints first");
@@ -292,7 +292,7 @@ async fn a_released_service_converges_and_requests_are_checked() {
     let Some(Object::EndpointSlice(s)) = published_slice(&e, "hot-1") else {
         panic!("published")
     };
-    assert_eq!(Some(s.endpoints().len()), Some(1), "converged to upstream");
+    assert_eq!(Some(s.len()), Some(1), "converged to upstream");
 }
 
 /// With auto-release, a contained service is re-checked after the cool-down: still flooding,
@@ -330,7 +330,7 @@ async fn auto_release_rechecks_a_contained_service_with_backoff() {
     let Some(Object::EndpointSlice(s)) = published_slice(&e, "hot-1") else {
         panic!("published")
     };
-    assert_eq!(Some(s.endpoints().len()), Some(1));
+    assert_eq!(Some(s.len()), Some(1));
     let reasons: Vec<&'static str> = e
         .take_effects()
         .into_iter()
@@ -394,11 +394,7 @@ async fn an_engine_that_does_not_decide_contains_nothing() {
     let Some(Object::EndpointSlice(s)) = published_slice(&e, "hot-1") else {
         panic!("published")
     };
-    assert_eq!(
-        Some(s.endpoints().len()),
-        Some(3),
-        "it flows, as the holder decided"
-    );
+    assert_eq!(Some(s.len()), Some(3), "it flows, as the holder decided");
 }
 
 /// Containment saved before a restart comes back: the service is served at its saved state
@@ -434,6 +430,6 @@ async fn a_restored_containment_serves_its_saved_state() {
     let Some(Object::EndpointSlice(s)) = published_slice(&e, "hot-1") else {
         panic!("published")
     };
-    assert_eq!(Some(s.endpoints().len()), Some(1), "the saved state");
+    assert_eq!(Some(s.len()), Some(1), "the saved state");
     assert_eq!(e.view().len(Kind::Service), 2, "the calm service is served");
 }

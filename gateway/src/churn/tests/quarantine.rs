@@ -174,7 +174,7 @@ async fn auto_release_backs_off_while_the_flood_persists() {
         panic!()
     };
     assert_eq!(
-        Some(s.endpoints().len()),
+        Some(s.len()),
         Some(1),
         "converged to the calm upstream state"
     );

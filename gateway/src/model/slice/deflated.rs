@@ -18,16 +18,25 @@
 //! writes the slice as [`SliceObject::retain`] does, so a thawed slice is the slice that was
 //! deflated, byte for byte (`tests`).
 //!
-//! [`HeldSlice`] is what the cache holds: a slice whole (shared with the view when served) or
-//! deflated. The store says which (`churn::store`): deflated while its service has more
-//! endpoints upstream than the cap.
+//! [`HeldSlice`] is how Floodgate holds a slice, in the upstream cache and in the view alike:
+//! whole, or deflated. The store deflates every slice it holds (`churn::store`): against its
+//! service's dictionary while the service has more endpoints upstream than the cap, against
+//! [`shared_dictionary`] otherwise, and a slice it holds is the one its publication shares
+//! with the view. So a served slice is held once, deflated, and inflated where it is read:
+//! written into a LIST or a resume, compared, or its pods read at a publication (see
+//! ARCHITECTURE.md, "What a link holds, per object", for what that costs and saves).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
-use super::{NsName, SliceObject, at, pos, rebuild};
+use super::{NsName, SliceObject, at, metadata_of, pos, rebuild};
 
 /// One endpoint of a [`DeflatedSlice`]: where its key ends in the slice's keys (the low 31
 /// bits), and whether it is ready (the high bit). Where its JSON lies is found again when the
@@ -122,22 +131,28 @@ fn deflate(input: &[u8], dictionary: Option<&[u8]>) -> Option<Vec<u8>> {
 /// UTF-8, in one call into a buffer of exactly that size (the length is known, so there is no
 /// loop to grow it).
 fn inflate(deflated: &[u8], len: usize, dictionary: Option<&[u8]>) -> String {
-    let out = INFLATE.with_borrow_mut(|z| {
+    let mut out = Vec::new();
+    inflate_into(deflated, len, dictionary, &mut out);
+    String::from_utf8(out).expect("deflated from a SliceObject's JSON, so it inflates to UTF-8")
+}
+
+/// [`inflate`], appended to `out` (which grows by exactly `len` bytes).
+fn inflate_into(deflated: &[u8], len: usize, dictionary: Option<&[u8]>, out: &mut Vec<u8>) {
+    INFLATE.with_borrow_mut(|z| {
         z.reset(false);
         if let Some(d) = dictionary {
             z.set_dictionary(d)
                 .expect("a raw inflater takes a dictionary before its input");
         }
-        let mut out = Vec::with_capacity(len);
-        let status = z.decompress_vec(deflated, &mut out, FlushDecompress::Finish);
+        out.reserve(len);
+        let before = out.len();
+        let status = z.decompress_vec(deflated, out, FlushDecompress::Finish);
+        let inflated = out.len() - before;
         assert!(
-            matches!(status, Ok(Status::StreamEnd)) && out.len() == len,
-            "a slice deflated by `deflate` inflates to its {len} bytes: {status:?}, {} bytes",
-            out.len()
+            matches!(status, Ok(Status::StreamEnd)) && inflated == len,
+            "a slice deflated by `deflate` inflates to its {len} bytes: {status:?}, {inflated} bytes",
         );
-        out
     });
-    String::from_utf8(out).expect("deflated from a SliceObject's JSON, so it inflates to UTF-8")
 }
 
 impl DeflatedSlice {
@@ -209,6 +224,66 @@ impl DeflatedSlice {
     }
 }
 
+/// What a slice of a service within the cap is deflated against: the JSON of a typical
+/// EndpointSlice, as [`SliceObject`] writes it, the same for every link. It costs nothing a
+/// service (a service of one slice, the common case, would otherwise hold its own JSON as its
+/// dictionary) and it gives what every slice repeats: the field names, the endpoint
+/// controller's labels and owner reference, an endpoint's shape. A slice of ten pods'
+/// endpoints with random uids holds a quarter of its JSON against it (`tests`).
+pub fn shared_dictionary() -> &'static Dictionary {
+    static SHARED: LazyLock<Dictionary> = LazyLock::new(|| {
+        let endpoint = |n: u8| {
+            serde_json::json!({
+                "addresses": [format!("10.42.{n}.{n}")],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": format!("node-{n}"),
+                "targetRef": {
+                    "kind": "Pod",
+                    "name": format!("web-7d9f8b6c5-x{n}q"),
+                    "namespace": "default",
+                    "uid": "9f1c7e52-3b4a-4d8e-a1f0-6c2d5e8b7a93",
+                },
+                "zone": "zone-a",
+            })
+        };
+        let slice = serde_json::json!({
+            "metadata": {
+                "annotations": {
+                    "endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
+                },
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "generateName": "web-",
+                "generation": 1,
+                "labels": {
+                    "app": "web",
+                    "app.kubernetes.io/name": "web",
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                    "kubernetes.io/service-name": "web",
+                    "mirror.linkerd.io/exported": "true",
+                },
+                "name": "web-abcde",
+                "namespace": "default",
+                "ownerReferences": [{
+                    "apiVersion": "v1",
+                    "blockOwnerDeletion": true,
+                    "controller": true,
+                    "kind": "Service",
+                    "name": "web",
+                    "uid": "0b8e6a4c-2f1d-4e7a-9c3b-5d6f7a8b9c0d",
+                }],
+                "uid": "4c3b2a1d-0e9f-4a8b-b7c6-d5e4f3a2b1c0",
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [endpoint(1), endpoint(2)],
+        });
+        let slice: EndpointSlice =
+            serde_json::from_value(slice).expect("the shared dictionary is an EndpointSlice");
+        Dictionary::from(SliceObject::from(slice).json().as_bytes())
+    });
+    &SHARED
+}
+
 /// The form a slice is to be held in ([`HeldSlice::reform`]).
 #[derive(Clone, Copy, Debug)]
 pub enum Form<'a> {
@@ -218,17 +293,54 @@ pub enum Form<'a> {
     Deflated(Option<&'a Dictionary>),
 }
 
-/// A slice as the upstream cache holds it.
+/// A slice as Floodgate holds it (see the module docs). Cloning it shares it.
 #[derive(Clone, Debug)]
 pub enum HeldSlice {
-    /// As it would be served.
+    /// As it is written: a slice just decoded, one a deflater failed, or one cut by the cap.
     Whole(Arc<SliceObject>),
-    /// Deflated: a slice of a capped service. Boxed, so a slice held whole costs the store's
-    /// map a pointer and a tag, as before there were two forms.
-    Deflated(Box<DeflatedSlice>),
+    /// Deflated. Behind a pointer, so a held slice costs a map a pointer and a tag.
+    Deflated(Arc<DeflatedSlice>),
+}
+
+impl From<SliceObject> for HeldSlice {
+    fn from(s: SliceObject) -> Self {
+        Self::Whole(Arc::new(s))
+    }
+}
+
+impl From<Arc<SliceObject>> for HeldSlice {
+    fn from(s: Arc<SliceObject>) -> Self {
+        Self::Whole(s)
+    }
+}
+
+impl PartialEq for HeldSlice {
+    /// By their JSON. Two slices deflated against one dictionary compare deflated: the
+    /// deflater is deterministic, so the same JSON deflates to the same bytes.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Whole(a), Self::Whole(b)) => Arc::ptr_eq(a, b) || a == b,
+            (Self::Deflated(a), Self::Deflated(b)) if Arc::ptr_eq(a, b) => true,
+            (Self::Deflated(a), Self::Deflated(b))
+                if (a.dictionary.as_ref().map(Arc::as_ptr))
+                    == (b.dictionary.as_ref().map(Arc::as_ptr)) =>
+            {
+                a.json_len == b.json_len && a.deflated == b.deflated
+            }
+            _ => self.json() == other.json(),
+        }
+    }
 }
 
 impl HeldSlice {
+    /// Its namespace and name.
+    pub fn id(&self) -> &NsName {
+        match self {
+            Self::Whole(s) => &s.id,
+            Self::Deflated(d) => &d.id,
+        }
+    }
+
     /// The service it belongs to (its `kubernetes.io/service-name` label), in its namespace.
     pub fn service(&self) -> Option<NsName> {
         let (id, name) = match self {
@@ -254,17 +366,55 @@ impl HeldSlice {
         self.len() == 0
     }
 
-    /// True when held deflated.
-    pub fn is_deflated(&self) -> bool {
-        matches!(self, Self::Deflated(_))
-    }
-
     /// Its endpoints' keys and readiness.
     pub fn endpoints(&self) -> Box<dyn Iterator<Item = (&str, bool)> + '_> {
         match self {
             Self::Whole(s) => Box::new(s.endpoints().map(|e| (e.key(), e.is_ready()))),
             Self::Deflated(d) => Box::new(d.endpoints()),
         }
+    }
+
+    /// Its JSON ([`SliceObject::json`]): borrowed when held whole, inflated when deflated.
+    pub fn json(&self) -> Cow<'_, str> {
+        match self {
+            Self::Whole(s) => Cow::Borrowed(s.json()),
+            Self::Deflated(d) => Cow::Owned(inflate(
+                &d.deflated,
+                d.json_len as usize,
+                d.dictionary.as_deref(),
+            )),
+        }
+    }
+
+    /// Appends its JSON ([`SliceObject::json`]) to `out`: copied when held whole, inflated
+    /// there when deflated (no buffer of its own: what a LIST writes 10,000 times).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Whole(s) => out.extend_from_slice(s.json().as_bytes()),
+            Self::Deflated(d) => inflate_into(
+                &d.deflated,
+                d.json_len as usize,
+                d.dictionary.as_deref(),
+                out,
+            ),
+        }
+    }
+
+    /// Its metadata, decoded (the rest of the JSON is skipped).
+    pub fn metadata(&self) -> ObjectMeta {
+        metadata_of(&self.json())
+    }
+
+    /// The typed slice.
+    pub fn to_slice(&self) -> EndpointSlice {
+        serde_json::from_str(&self.json())
+            .expect("the JSON was encoded from an EndpointSlice, so it decodes as one")
+    }
+
+    /// The pods its endpoints point at, each with its endpoint's readiness (thawed to read
+    /// them when deflated).
+    pub fn pod_refs_ready(&self) -> Vec<(NsName, bool)> {
+        self.whole().pod_refs_ready().collect()
     }
 
     /// The slice whole: shared when held whole, thawed when deflated.
@@ -283,17 +433,32 @@ impl HeldSlice {
         }
     }
 
-    /// Held in `form` (a slice already so is left as it is; one the deflater fails stays
-    /// whole).
+    /// Held in `form`: deflated anew when it is held against another dictionary (a slice
+    /// already so is left as it is; one the deflater fails is held whole).
     pub fn reform(&mut self, form: Form<'_>) {
+        let same = |d: &DeflatedSlice, to: Option<&Dictionary>| {
+            (d.dictionary.as_ref().map(Arc::as_ptr)) == to.map(Arc::as_ptr)
+        };
         match (&*self, form) {
-            (Self::Whole(s), Form::Deflated(dictionary)) => {
-                if let Some(d) = DeflatedSlice::new(s, dictionary) {
-                    *self = Self::Deflated(Box::new(d));
-                }
+            (Self::Deflated(_), Form::Whole) => *self = Self::Whole(self.whole()),
+            (Self::Deflated(d), Form::Deflated(to)) if same(d, to) => {}
+            (_, Form::Deflated(dictionary)) => {
+                let whole = self.whole();
+                *self = match DeflatedSlice::new(&whole, dictionary) {
+                    Some(d) => Self::Deflated(Arc::new(d)),
+                    None => Self::Whole(whole),
+                };
             }
-            (Self::Deflated(d), Form::Whole) => *self = Self::Whole(Arc::new(d.thaw())),
-            _ => {}
+            (Self::Whole(_), Form::Whole) => {}
+        }
+    }
+
+    /// True when `other` is this very slice, held once (not an equal copy).
+    pub fn shares(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Whole(a), Self::Whole(b)) => Arc::ptr_eq(a, b),
+            (Self::Deflated(a), Self::Deflated(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         }
     }
 
@@ -303,6 +468,23 @@ impl HeldSlice {
             Self::Whole(_) => None,
             Self::Deflated(d) => d.dictionary.as_ref(),
         }
+    }
+}
+
+impl Serialize for HeldSlice {
+    /// As its JSON.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Whole(w) => w.serialize(s),
+            Self::Deflated(_) => self.whole().serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HeldSlice {
+    /// Held whole, as decoded.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        SliceObject::deserialize(d).map(Self::from)
     }
 }
 
@@ -480,6 +662,69 @@ mod tests {
         assert!(
             held * 3 < json,
             "deflated, a slice holds {held} bytes of its {json} bytes of JSON"
+        );
+    }
+
+    /// Against the shared dictionary, a slice of ten pods' endpoints with uids as random as a
+    /// real pod's holds under a third of its JSON (760 of 3,032 bytes), and under four fifths
+    /// of what it holds deflated alone (988): what every slice repeats (field names, the
+    /// endpoint controller's labels, an endpoint's shape) is in the dictionary.
+    #[test]
+    fn a_slice_deflated_against_the_shared_dictionary_holds_under_a_third_of_its_json() {
+        let (mut json, mut alone, mut shared) = (0, 0, 0);
+        for n in 0..20 {
+            let s = pods_slice(n, true);
+            json += s.json().len();
+            alone += held(&DeflatedSlice::new(&s, None).expect("deflates"));
+            let d = DeflatedSlice::new(&s, Some(shared_dictionary())).expect("deflates");
+            assert_eq!(d.thaw().json(), s.json());
+            shared += held(&d);
+        }
+        println!("20 slices: {json} bytes of JSON, {alone} held alone, {shared} shared");
+        assert!(shared * 3 < json, "{shared} bytes held of {json}");
+        assert!(
+            shared * 5 < alone * 4,
+            "{shared} bytes against the dictionary, {alone} alone"
+        );
+    }
+
+    /// Two held slices are equal when their JSON is, whichever form each is held in, and
+    /// deflated against one dictionary they compare without inflating.
+    #[test]
+    fn held_slices_compare_by_their_json_in_any_form() {
+        let (a, b) = (pods_slice(1, true), pods_slice(2, true));
+        let dictionary = Dictionary::from(a.json().as_bytes());
+        let forms = |s: &SliceObject| -> Vec<HeldSlice> {
+            [
+                Form::Whole,
+                Form::Deflated(None),
+                Form::Deflated(Some(&dictionary)),
+            ]
+            .into_iter()
+            .map(|f| {
+                let mut h = HeldSlice::from(s.clone());
+                h.reform(f);
+                h
+            })
+            .collect()
+        };
+        for x in forms(&a) {
+            assert_eq!(x.json(), a.json());
+            for y in forms(&a) {
+                assert_eq!(x, y, "{x:?} and {y:?}");
+            }
+            for y in forms(&b) {
+                assert_ne!(x, y, "{x:?} and {y:?}");
+            }
+        }
+        let mut c = HeldSlice::from(a.clone());
+        c.reform(Form::Deflated(Some(shared_dictionary())));
+        let d = c.clone();
+        assert!(c.shares(&d) && c == d);
+        c.reform(Form::Deflated(Some(&dictionary)));
+        assert!(
+            !c.shares(&d) && c == d,
+            "deflated anew against another dictionary"
         );
     }
 
