@@ -53,11 +53,12 @@ async fn twelve_links_at_four_starts_a_second_list_their_remote_in_turn() {
 /// 10 endpoints, naming 100,000 pods that are not there): every slice is served, no pod is
 /// fetched (the pod list, begun once the slices were in, answered every named pod: it fetched
 /// 4,096 of them one by one, and no other pod while those stayed absent), and Floodgate's
-/// resident memory stays within 4x the JSON it serves. It held 6.2x until the history stopped
-/// keeping a second copy of the slices' JSON, and 3.9x (this dev build) until the engine kept a
-/// named pod by its hash, not its name; the bench reports the figure against the 2x target.
+/// resident memory stays within 3x the JSON it serves. It held 6.2x until the history stopped
+/// keeping a second copy of the slices' JSON, 3.9x (this dev build) until the engine kept a
+/// named pod by its hash, not its name, and 3.0x until a served slice was held deflated (2.2x
+/// since); the bench reports the figure against the 2x target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_small_services_are_served_within_four_times_their_json() {
+async fn a_thousand_small_services_are_served_within_three_times_their_json() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plan = HubPlan {
         links: 1,
@@ -81,7 +82,7 @@ async fn a_thousand_small_services_are_served_within_four_times_their_json() {
         "RSS {:.1} MiB beside {json_mib:.1} MiB of JSON served: {ratio:.1}x",
         o.steady_kib as f64 / 1024.0
     );
-    assert!(ratio <= 4.0, "RSS {ratio:.1}x the JSON served");
+    assert!(ratio <= 3.0, "RSS {ratio:.1}x the JSON served");
     assert_eq!(o.pods_fetched, 0, "pods fetched one by one");
     assert_eq!(o.slices_deflated, 0, "no service is over the cap");
 }
