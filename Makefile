@@ -20,7 +20,7 @@ IMAGE_TARGETS ?= --bins
 IMAGE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 
 .PHONY: demo test test-real prereqs-lane realkube e2e bench crds lint build prereqs image image-test \
-	monitoring-check monitoring-rules
+	monitoring-check monitoring-rules helm chart-check
 
 ## demo: replay the discovery-flood incident live over loopback: kube-sim, Floodgate and two
 ## consumers (direct and through Floodgate) as processes, a table a second, then a summary.
@@ -42,8 +42,8 @@ prereqs:
 	.ci/prereqs
 
 ## test: the whole suite (unit, property, integration with kubectl, kube-rs and the Python
-## client, doc tests), built once, run in parallel; the alerts' unit tests first.
-test: prereqs monitoring-check $(PY_VENV)/bin/python
+## client, doc tests), built once, run in parallel; the alerts' unit tests and the chart first.
+test: prereqs monitoring-check chart-check $(PY_VENV)/bin/python
 	$(BUILD) --bins --tests
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(CARGO) test --workspace --locked --doc
@@ -102,6 +102,28 @@ monitoring-rules:
 	  sed -n '/^groups:/,$$p' $(MONITORING)/floodgate.rules.yaml | sed 's/^./  &/'; \
 	} > $(MONITORING)/prometheusrule.yaml.new
 	mv $(MONITORING)/prometheusrule.yaml.new $(MONITORING)/prometheusrule.yaml
+
+# helm, built from its Go module (charts/helm/go.mod) by `make helm` (and `make prereqs` when
+# missing).
+HELM := $(TARGET_DIR)/helm/bin/helm
+# The values that switch on every object the defaults leave out, for `helm lint`.
+CHART_ALL_ON := --set monitoring.prometheusRule.enabled=true \
+	--set monitoring.podMonitor.enabled=true --set monitoring.dashboard.enabled=true \
+	--set adminToken.create=true
+
+## helm: helm of the version charts/helm/go.mod pins, built from Go modules into
+## $(TARGET_DIR)/helm/bin/helm (no binary downloaded; about 7 min the first time on 2 cores,
+## seconds after).
+helm:
+	CARGO_TARGET_DIR=$(TARGET_DIR) charts/helm/build.sh
+
+## chart-check: `helm lint` of charts/floodgate (its defaults, and every object on), then its
+## render test (link-crd/tests/chart.rs): the default values render the kustomize base's objects
+## (the CRD but for kustomize's `part-of` label), monitoring on the monitoring component's too.
+chart-check: prereqs
+	$(HELM) lint --strict -n floodgate charts/floodgate
+	$(HELM) lint --strict -n floodgate charts/floodgate $(CHART_ALL_ON)
+	FLOODGATE_HELM=$(HELM) $(CARGO) test --locked --workspace --test chart
 
 ## lint: formatting and clippy, warnings are errors.
 lint:
