@@ -299,6 +299,15 @@ impl View {
         events
     }
 
+    /// True while some consumer follows the view's changes: a watcher of any kind (the
+    /// facade's, a gRPC stream's) or a replica. A publication nobody follows needs no order
+    /// at the consumers: one that lists later reads it whole.
+    pub fn watched(&self) -> bool {
+        let s = self.read();
+        (s.shelves.iter()).any(|sh| sh.tx.get().is_some_and(|tx| tx.receiver_count() > 0))
+            || s.all.get().is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
     /// One object.
     pub fn get(&self, key: &ObjKey) -> Option<Arc<Stored>> {
         self.read().shelf(key.kind).objects.get(&key.id).cloned()

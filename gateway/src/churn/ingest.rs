@@ -45,6 +45,10 @@ impl Engine {
         self.sync.synced.insert(kind);
         if kind == Kind::Pod {
             self.publisher.pods_listed();
+            // What the list was to bring came, or is absent: the groups waiting for it go.
+            for g in self.publisher.awaiting(None) {
+                self.schedule.resume(&g);
+            }
         }
         if matches!(kind, Kind::Service | Kind::EndpointSlice | Kind::Endpoints) {
             // The upstream lists pods after Services, slices and Endpoints: know which
@@ -64,13 +68,17 @@ impl Engine {
     /// A pod the engine asked for ([`Effect::FetchPods`]): state, not churn, and taken only
     /// while no watch event brought the pod first.
     fn fetched(&mut self, f: Fetched, now: Instant) {
-        let Some(obj) = self.publisher.fetched(&f.pod, f.ticket, f.answer) else {
-            return;
-        };
-        let obj = obj.into_sanitized();
-        let key = obj.key();
-        if key.kind == Kind::Pod && key.id == f.pod && self.store.pod(&key.id).is_none() {
-            self.change(key, Some(obj), now, false);
+        if let Some(obj) = self.publisher.fetched(&f.pod, f.ticket, f.answer) {
+            let obj = obj.into_sanitized();
+            let key = obj.key();
+            if key.kind == Kind::Pod && key.id == f.pod && self.store.pod(&key.id).is_none() {
+                self.change(key, Some(obj), now, false);
+            }
+        }
+        // Found or known absent: the groups waiting for it go on (one whose fetch failed
+        // waits on; its wait has an end).
+        for g in self.publisher.awaiting(Some(&f.pod)) {
+            self.schedule.resume(&g);
         }
     }
 

@@ -42,12 +42,19 @@ impl Engine {
             }
         }
         let all_synced = self.sync.all();
+        // The later stages of publications made (pods lead their endpoints), and the groups
+        // that waited for pods long enough.
+        self.publisher.apply_due(now);
+        for g in self.publisher.awaited_too_long(now) {
+            self.schedule.resume(&g);
+        }
         let expiry = (self.view().oldest_change()).map(|t| t + DEFAULT_HISTORY_AGE);
         let deadlines = [
             self.machine.next_deadline(),
             self.containment.next_deadline(),
             self.flood.link.next_boundary(),
             expiry,
+            self.publisher.next_deadline(),
         ];
         if self.machine.is_frozen() || !all_synced || self.following {
             return earliest(deadlines);
@@ -68,14 +75,20 @@ impl Engine {
         }
         self.schedule.promote(now);
         let mut link_token = false;
-        while let Some(g) = self.schedule.next(now, &mut link_token) {
-            self.publish(&g, now);
+        loop {
+            let publisher = &self.publisher;
+            let busy = |g: &Group| publisher.busy_until(g);
+            let Some(g) = self.schedule.next(now, &mut link_token, busy) else {
+                break;
+            };
+            self.publish(&g, now, true);
         }
         earliest([
             self.schedule.next_wake(),
             self.containment.next_deadline(),
             self.flood.link.next_boundary(),
             expiry,
+            self.publisher.next_deadline(),
         ])
     }
 
@@ -88,21 +101,29 @@ impl Engine {
         let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
         all.extend(self.publisher.published_groups().cloned());
         for g in all {
-            self.publish(&g, now);
+            self.publish(&g, now, false);
         }
     }
 
     /// Publishes one group; a contained service that has published already publishes only the
-    /// pods behind its frozen endpoints. Forgets a group whose service is gone.
-    fn publish(&mut self, g: &Group, now: Instant) {
+    /// pods behind its frozen endpoints. Forgets a group whose service is gone. `wait`: the
+    /// publication may wait for the pods its new ready endpoints name ([`Publisher::publish`];
+    /// not at a first sync, which goes out whole).
+    ///
+    /// [`Publisher::publish`]: super::publish::Publisher::publish
+    fn publish(&mut self, g: &Group, now: Instant, wait: bool) {
         let frozen = matches!(g, Group::Service(svc) if self.containment.holds(svc));
         let fetch = if frozen {
-            self.publisher.publish_frozen(g, &mut self.store, now)
+            self.publisher.publish_frozen(g, &mut self.store, now, wait)
         } else {
-            self.publisher.publish(g, &mut self.store, now)
+            self.publisher.publish(g, &mut self.store, now, wait)
         };
         if let Some(fetch) = fetch {
             self.effects.push(Effect::FetchPods(fetch));
+        }
+        if self.publisher.is_awaiting(g) {
+            // Nothing went out: the tokens taken pay for the publication once it is ready.
+            self.schedule.prepay(g);
         }
         let gone = match g {
             Group::Service(svc) => self.store.service(svc).is_none(),

@@ -9,10 +9,17 @@
 //! wants it, so memory follows what is published, not the remote. A wanted pod the store does
 //! not hold (its event came before the selection wanted it) is asked for with
 //! [`super::Effect::FetchPods`] and published when the fetch answers, through the same budget as
-//! any change.
+//! any change; a publication whose new ready endpoints name pods being fetched waits for them
+//! (at most [`AWAIT`]), so no consumer is served an endpoint before its pod.
+//!
+//! A publication reaches the view in stages (`stages.rs`): pods before the endpoints that name
+//! them, endpoints before a Service that enters, and the reverse on the way out, each stage
+//! [`stages::LEAD`] after the one before it. A group is not published again while stages of
+//! its last publication wait ([`Publisher::busy_until`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
@@ -24,10 +31,19 @@ use crate::model::{EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Obje
 use crate::view::{Change as ViewChange, View};
 
 mod desired;
+pub mod stages;
 mod wanted;
 
 use desired::{Desired, desired_service, referred, resolved};
+use stages::Tail;
 use wanted::Wanted;
+
+/// How long a publication waits for what its consumers will look up when they handle it: the
+/// pods its new ready endpoints name while they are fetched or listed, a new Service's
+/// Endpoints while the remote's Endpoints controller writes them. A remote that answers takes
+/// milliseconds; one that has not in 2 s is failing, and the publication goes out without
+/// them, which follow when they come (as they would have without the wait).
+pub const AWAIT: Duration = Duration::from_secs(2);
 
 /// What publishing has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -91,6 +107,13 @@ pub struct Publisher {
     counters: PublishCounters,
     /// `wanted`'s keys, shared with the upstream pod watcher so it skips decoding the rest.
     mirror: Option<WantedPods>,
+    /// The stages of a group's publication still to apply ([`stages`]).
+    tails: HashMap<Group, Tail>,
+    /// Groups whose publication waits for what its consumers look up, since when, and whether
+    /// the wait is over (the group is in line to publish what it has).
+    awaiting: HashMap<Group, (Instant, bool)>,
+    /// Whether the link follows the remote's Endpoints: a new Service waits for its own.
+    endpoints_followed: bool,
 }
 
 impl Publisher {
@@ -106,7 +129,16 @@ impl Publisher {
             wanted: Wanted::default(),
             counters: PublishCounters::default(),
             mirror: None,
+            tails: HashMap::new(),
+            awaiting: HashMap::new(),
+            endpoints_followed: false,
         }
+    }
+
+    /// Whether the link follows the remote's Endpoints (a new Service then waits for its own
+    /// before it is published: [`Self::publish`]).
+    pub fn follow_endpoints(&mut self, followed: bool) {
+        self.endpoints_followed = followed;
     }
 
     /// Shares the wanted pods with the upstream pod watcher from now on.
@@ -209,8 +241,16 @@ impl Publisher {
     /// Publishes a group's current state: what the cap keeps of it, diffed against what it
     /// published before. Returns the wanted pods to fetch, if any ([`Wanted::ask`]). A
     /// service whose state is gone upstream is published empty and forgotten. `now` is when
-    /// the view publishes it.
-    pub fn publish(&mut self, g: &Group, store: &mut Store, now: Instant) -> Option<Fetch> {
+    /// the view publishes it. `wait`: when new ready endpoints name pods being fetched or
+    /// listed, nothing is published yet ([`Self::awaits`]); the group is published again when
+    /// they come ([`Self::awaiting`] says which groups wait), or at [`AWAIT`] at the latest.
+    pub fn publish(
+        &mut self,
+        g: &Group,
+        store: &mut Store,
+        now: Instant,
+        wait: bool,
+    ) -> Option<Fetch> {
         if let Group::Service(svc) = g {
             store.freeze(svc);
         }
@@ -237,7 +277,168 @@ impl Publisher {
                 ..Desired::empty()
             },
         };
+        if wait && let Some(fetch) = self.awaits(g, &desired, store, now) {
+            return fetch;
+        }
         self.commit(g, desired, store, now)
+    }
+
+    /// Whether `desired` waits before it is published for what its consumers will look up:
+    /// - pods its ready endpoints name that the endpoints it published did not name as ready
+    ///   (an endpoint published already is not held back again), that the store lacks and that
+    ///   a fetch or the pod watcher's list is bringing. The group then wants them too (the
+    ///   fetch is asked);
+    /// - for a Service entering the view, the Endpoints the remote's controller writes for a
+    ///   Service with a selector (Linkerd's service mirror reads them when it handles the
+    ///   Service's `ADDED`, and ignores an Endpoints `ADDED` after it).
+    ///
+    /// Nothing is published meanwhile; `Some` holds the fetch to ask. A group waits [`AWAIT`]
+    /// at most from its first wait.
+    fn awaits(
+        &mut self,
+        g: &Group,
+        desired: &Desired,
+        store: &mut Store,
+        now: Instant,
+    ) -> Option<Option<Fetch>> {
+        let (since, _) = *self.awaiting.entry(g.clone()).or_insert((now, false));
+        if now >= since + AWAIT {
+            self.awaiting.remove(g);
+            return None;
+        }
+        let endpoints = match g {
+            Group::Service(svc) => {
+                self.endpoints_followed
+                    && !self.has_published(g)
+                    && store.endpoints_of(svc).is_none()
+                    && store.service(svc).is_some_and(|s| {
+                        let spec = s.spec.as_ref();
+                        spec.and_then(|s| s.selector.as_ref())
+                            .is_some_and(|sel| !sel.is_empty())
+                    })
+            }
+            Group::Servers(_) => false,
+        };
+        // Pods the endpoints it published named as ready already wait for nothing more.
+        let mut named: BTreeMap<NsName, bool> = BTreeMap::new();
+        if !desired.unresolved.is_empty()
+            && let Some(p) = self.groups.get(g)
+        {
+            referred(&p.slices, p.endpoints_object.as_ref(), &mut named);
+        }
+        let new: Vec<NsName> = (desired.unresolved.iter())
+            .filter(|p| named.get(*p) != Some(&true))
+            .cloned()
+            .collect();
+        let previous = self.groups.get(g).map(|p| &p.pods);
+        if new.is_empty() && !endpoints {
+            self.awaiting.remove(g);
+            return None;
+        }
+        // Wanted from now on (with what the group wanted before, which it still publishes),
+        // so the pod watcher sends them and a fetch is asked.
+        let before = previous.into_iter().flat_map(PodSet::iter);
+        let pods: PodSet = (desired.pods.iter().map(PodHash::of_id))
+            .chain(before)
+            .collect();
+        self.set_pod_hashes(g, pods, store);
+        // Every pod it lacks, as a publication asks (the not-ready endpoints' too).
+        let missing = (desired.pods.iter())
+            .filter(|p| store.pod(p).is_none())
+            .cloned()
+            .collect();
+        let fetch = self.request_pods(missing);
+        if !endpoints && !new.iter().any(|p| self.wanted.coming(p)) {
+            self.awaiting.remove(g);
+            return None;
+        }
+        Some(fetch)
+    }
+
+    /// The groups waiting for pods ([`Self::publish`] with `wait`) that `pod` is one of, or
+    /// every waiting group (`None`): to be published again now that it came or is known
+    /// absent.
+    pub fn awaiting(&self, pod: Option<&NsName>) -> Vec<Group> {
+        let wanting = pod.map(|p| self.wanted.by(p));
+        (self.awaiting.keys())
+            .filter(|g| match (g, wanting) {
+                (_, None) => true,
+                (Group::Service(svc), Some(by)) => by.contains(svc),
+                (Group::Servers(_), Some(_)) => false,
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// True while the group's publication waits ([`Self::publish`] with `wait`).
+    pub fn is_awaiting(&self, g: &Group) -> bool {
+        self.awaiting.contains_key(g)
+    }
+
+    /// Groups whose wait ended by `now`, once each: they publish what they have.
+    pub fn awaited_too_long(&mut self, now: Instant) -> Vec<Group> {
+        (self.awaiting.iter_mut())
+            .filter(|(_, (since, over))| !*over && now >= *since + AWAIT)
+            .map(|(g, (_, over))| {
+                *over = true;
+                g.clone()
+            })
+            .collect()
+    }
+
+    /// When the next stage of a publication is due, or a wait for pods ends.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let tails = self.tails.values().map(|t| t.due);
+        let waits = (self.awaiting.values())
+            .filter(|(_, over)| !over)
+            .map(|(since, _)| *since + AWAIT);
+        tails.chain(waits).min()
+    }
+
+    /// Until when a group's last publication still has stages to apply: it is not published
+    /// again before.
+    pub fn busy_until(&self, g: &Group) -> Option<Instant> {
+        self.tails.get(g).map(|t| t.due)
+    }
+
+    /// Applies the stages due by `now`.
+    pub fn apply_due(&mut self, now: Instant) {
+        let due: Vec<Group> = (self.tails.iter())
+            .filter(|(_, t)| t.due <= now)
+            .map(|(g, _)| g.clone())
+            .collect();
+        for g in due {
+            if let Some(tail) = self.tails.remove(&g) {
+                self.apply_stages(g, tail.stages, tail.due, true);
+            }
+        }
+    }
+
+    /// Applies every stage waiting, at once and in order, and waits for no pod any more (the
+    /// view freezes, or is taken over).
+    pub fn flush(&mut self) {
+        self.awaiting.clear();
+        for (g, tail) in std::mem::take(&mut self.tails) {
+            self.apply_stages(g, tail.stages, tail.due, false);
+        }
+    }
+
+    /// Applies a group's stages from `now` ([`stages::apply`]); what must wait is kept. A
+    /// deletion of an object some group publishes again since is dropped.
+    fn apply_stages(
+        &mut self,
+        g: Group,
+        stages: std::collections::VecDeque<(stages::Stage, Vec<ViewChange>)>,
+        now: Instant,
+        staged: bool,
+    ) -> bool {
+        let refs = &self.obj_refs;
+        let keep = |c: &ViewChange| !matches!(c, ViewChange::Delete(k) if refs.contains_key(k));
+        let (tail, produced) = stages::apply(&self.view, stages, now, staged, keep);
+        if let Some(tail) = tail {
+            self.tails.insert(g, tail);
+        }
+        produced
     }
 
     /// Publishes a contained service's pods behind its frozen endpoints: the service, its
@@ -248,10 +449,17 @@ impl Publisher {
     /// relabelled, is published; a readiness flip is not. The flood's cost stays what
     /// containment makes it: the endpoints do not move, no pod is served but one a kept
     /// endpoint names, and the crash loop's status churn waits with the endpoints' until the
-    /// service is released. Returns the wanted pods to fetch, if any.
-    pub fn publish_frozen(&mut self, g: &Group, store: &mut Store, now: Instant) -> Option<Fetch> {
+    /// service is released. Returns the wanted pods to fetch, if any. `wait`: as
+    /// [`Self::publish`]'s, for a service that has not published yet.
+    pub fn publish_frozen(
+        &mut self,
+        g: &Group,
+        store: &mut Store,
+        now: Instant,
+        wait: bool,
+    ) -> Option<Fetch> {
         let Some(previous) = self.groups.get(g).filter(|p| !p.objects.is_empty()) else {
-            return self.publish(g, store, now);
+            return self.publish(g, store, now, wait);
         };
         let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
         referred(
@@ -289,13 +497,14 @@ impl Publisher {
             endpoints: previous.endpoints,
             truncated: previous.truncated,
             pods: pods.into_keys().collect(),
+            unresolved: Vec::new(),
         };
         self.commit(g, desired, store, now)
     }
 
     /// Applies a group's desired state: the diff against what it published before goes to the
-    /// view in one step (published at `now`), the wanted pods are updated, and the missing
-    /// ones asked for.
+    /// view (from `now`, in stages while anyone follows the view: [`stages`]), the wanted pods
+    /// are updated, and the missing ones asked for.
     fn commit(
         &mut self,
         g: &Group,
@@ -350,8 +559,11 @@ impl Publisher {
             // Nothing published, nothing wanted: the group's state goes with its service.
             self.groups.remove(g);
         }
-        if !self.view.apply(changes, now).is_empty() {
-            c.downstream_updates += 1;
+        self.awaiting.remove(g);
+        let stages = stages::split(changes, &self.view);
+        let staged = self.view.watched();
+        if self.apply_stages(g.clone(), stages, now, staged) {
+            self.counters.downstream_updates += 1;
         }
         self.request_pods(missing)
     }
@@ -359,6 +571,7 @@ impl Publisher {
     /// Forgets what every group published (the view is taken over as it is: [`Self::install`]
     /// follows with what it holds).
     pub fn reset(&mut self) {
+        self.flush();
         self.groups.clear();
         self.obj_refs.clear();
         self.wanted.clear();
@@ -398,10 +611,14 @@ impl Publisher {
     /// The group's wanted pods become `pods`: new ones are wanted, the others released, and a
     /// pod no group wants any more leaves the store.
     fn set_pods(&mut self, g: &Group, pods: BTreeSet<NsName>, store: &mut Store) {
+        self.set_pod_hashes(g, pods.iter().map(PodHash::of_id).collect(), store);
+    }
+
+    /// [`Self::set_pods`], by hash.
+    fn set_pod_hashes(&mut self, g: &Group, pods: PodSet, store: &mut Store) {
         let Group::Service(svc) = g else {
             return;
         };
-        let pods: PodSet = pods.iter().map(PodHash::of_id).collect();
         let st = self.groups.entry(g.clone()).or_default();
         for gone in st.pods.without(&pods) {
             if self.wanted.release(gone, svc) {

@@ -80,6 +80,9 @@ struct Sched {
     last_change: Option<Instant>,
     /// The kinds that changed since the group was last quiet (bits of `kind_bit`).
     kinds: u8,
+    /// Its tokens were taken for a publication that waited for what its consumers look up
+    /// ([`Scheduler::prepay`]): the next one is paid for.
+    prepaid: bool,
 }
 
 // `Kind`'s discriminants are 0..ALL.len(): one bit each in a u8, and bit 7 for `None`.
@@ -166,6 +169,7 @@ impl Scheduler {
             bucket: budget.service_bucket(),
             last_change: None,
             kinds: 0,
+            prepaid: false,
         });
         if st.last_change.is_none_or(|t| now >= t + self.quiet) {
             st.kinds = 0;
@@ -204,6 +208,35 @@ impl Scheduler {
                 true
             }
             Slot::Ready | Slot::Parked => true,
+        }
+    }
+
+    /// A group whose publication waited (for pods, for its Endpoints) goes on: in line at once.
+    /// What it waited for is no churn: it opens no coalescing window and closes none.
+    pub fn resume(&mut self, g: &Group) {
+        let Some(st) = self.groups.get_mut(g) else {
+            return;
+        };
+        match st.slot {
+            Slot::Idle => {
+                self.queued += 1;
+                st.slot = Slot::Ready;
+                self.ready.push_back(g.clone());
+            }
+            // Its stale due entry is skipped when it comes up.
+            Slot::Pending { .. } => {
+                st.slot = Slot::Ready;
+                self.ready.push_back(g.clone());
+            }
+            Slot::Ready | Slot::Parked => {}
+        }
+    }
+
+    /// The group's last publication, its tokens taken, waited and published nothing: its next
+    /// one takes no tokens, so a wait costs the budget nothing.
+    pub fn prepay(&mut self, g: &Group) {
+        if let Some(st) = self.groups.get_mut(g) {
+            st.prepaid = true;
         }
     }
 
@@ -272,34 +305,46 @@ impl Scheduler {
     /// The next group to publish now, round robin, its tokens taken; `None` when the line is
     /// empty or the link's bucket is. A link token taken for a group whose own bucket is empty
     /// passes to the next group in the same instant, so no token is spent on a publication
-    /// that did not happen.
-    pub fn next(&mut self, now: Instant, link_token: &mut bool) -> Option<Group> {
+    /// that did not happen. A group `busy` until a later instant (its last publication's
+    /// stages still go out) is parked until then, its own token untouched.
+    pub fn next(
+        &mut self,
+        now: Instant,
+        link_token: &mut bool,
+        busy: impl Fn(&Group) -> Option<Instant>,
+    ) -> Option<Group> {
         self.link_wait = None;
-        while !self.ready.is_empty() {
-            if !*link_token {
-                match self.budget.take_link() {
-                    Ok(()) => *link_token = true,
-                    Err(wait) => {
-                        self.throttled += 1;
-                        self.link_wait = Some(now + wait);
-                        return None;
-                    }
-                }
-            }
-            let g = self.ready.pop_front()?;
+        while let Some(g) = self.ready.pop_front() {
             let Some(st) = self.groups.get_mut(&g) else {
                 continue;
             };
             if st.slot != Slot::Ready {
                 continue;
             }
-            if let Err(wait) = self.budget.take_service(&st.bucket) {
-                self.throttled += 1;
+            if let Some(until) = busy(&g).filter(|t| *t > now) {
                 st.slot = Slot::Parked;
-                self.parked.push(Reverse((now + wait, g)));
+                self.parked.push(Reverse((until, g)));
                 continue;
             }
-            *link_token = false;
+            // Paid for already, it takes no token (a link token taken stays for the next).
+            if !std::mem::take(&mut st.prepaid) {
+                if !*link_token {
+                    if let Err(wait) = self.budget.take_link() {
+                        self.throttled += 1;
+                        self.link_wait = Some(now + wait);
+                        self.ready.push_front(g);
+                        return None;
+                    }
+                    *link_token = true;
+                }
+                if let Err(wait) = self.budget.take_service(&st.bucket) {
+                    self.throttled += 1;
+                    st.slot = Slot::Parked;
+                    self.parked.push(Reverse((now + wait, g)));
+                    continue;
+                }
+                *link_token = false;
+            }
             st.slot = Slot::Idle;
             if let Some(since) = st.waiting_since.take() {
                 self.delays.record(now.saturating_duration_since(since));

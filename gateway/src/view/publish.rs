@@ -96,6 +96,20 @@ impl View {
         (s.base | ((s.counter + 1) & COUNTER_MASK), planned)
     }
 
+    /// Whether applying `changes` would change anything: an object upserted that the view
+    /// does not hold as it is, or one deleted that it holds.
+    pub fn would_change(&self, changes: &[Change]) -> bool {
+        let s = self.read();
+        changes.iter().any(|c| match c {
+            Change::Upsert(o) => {
+                let key = o.key();
+                let held = s.shelf(key.kind).objects.get(&key.id);
+                held.is_none_or(|h| &h.object != o)
+            }
+            Change::Delete(k) => s.shelf(k.kind).objects.contains_key(&k.id),
+        })
+    }
+
     /// Puts encoded events in: objects, byte count, history and feed, under the write lock.
     /// The history holds them as published at `now`.
     /// Consumers waiting for a version ([`View::wait_issued`]) look again once it is done.

@@ -25,6 +25,9 @@ pub(super) struct Desired {
     pub(super) endpoints: usize,
     pub(super) truncated: usize,
     pub(super) pods: BTreeSet<NsName>,
+    /// Pods ready kept endpoints name that the store lacks: a consumer could not resolve
+    /// those endpoints yet.
+    pub(super) unresolved: Vec<NsName>,
 }
 
 impl Desired {
@@ -37,6 +40,7 @@ impl Desired {
             endpoints: 0,
             truncated: 0,
             pods: BTreeSet::new(),
+            unresolved: Vec::new(),
         }
     }
 }
@@ -83,6 +87,10 @@ pub(super) fn desired_service(
     let mut pods: BTreeMap<NsName, bool> = BTreeMap::new();
     referred(&capped.slices, capped.endpoints.as_ref(), &mut pods);
     objects.extend(resolved(store, &pods, previous, true));
+    let unresolved = (pods.iter())
+        .filter(|(id, ready)| **ready && store.pod(id).is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
     Desired {
         objects,
         frozen: Vec::new(),
@@ -91,6 +99,7 @@ pub(super) fn desired_service(
         endpoints: capped.published,
         truncated: capped.truncated,
         pods: pods.into_keys().collect(),
+        unresolved,
     }
 }
 

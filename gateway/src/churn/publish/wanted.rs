@@ -199,6 +199,12 @@ impl Wanted {
         true
     }
 
+    /// True while the pod is being brought in: to be asked for, asked for, or to come with
+    /// the pod watcher's list; false once it came or is known absent, or when it is not wanted.
+    pub fn coming(&self, pod: &NsName) -> bool {
+        (self.pods.get(&PodHash::of_id(pod))).is_some_and(|w| w.bringing != Bringing::Watched)
+    }
+
     /// A watch event for the pod came: the watcher brings it from now on, and a fetch in
     /// flight is answered by it.
     pub fn seen(&mut self, pod: &NsName) {

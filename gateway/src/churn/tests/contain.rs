@@ -70,6 +70,8 @@ async fn a_flooding_service_is_contained_and_calm_services_keep_flowing() {
             apply(&mut e, mk_slice(name, &format!("{name}-1"), &[(ip, true)]));
             let at = Instant::now();
             e.poll(at);
+            lack_pods(&mut e);
+            e.poll(at);
             let mut waited = Duration::ZERO;
             loop {
                 let want = format!("10.0.{}.{}", ip / 256, ip % 256);
@@ -84,9 +86,13 @@ async fn a_flooding_service_is_contained_and_calm_services_keep_flowing() {
                 time::advance(Duration::from_millis(10)).await;
                 waited += Duration::from_millis(10);
                 e.poll(Instant::now());
+                lack_pods(&mut e);
+                e.poll(Instant::now());
             }
         }
         time::advance(step).await;
+        e.poll(Instant::now());
+        lack_pods(&mut e);
         e.poll(Instant::now());
         if contained_at.is_none() && !e.contained().is_empty() {
             contained_at = Some(Instant::now() - start);
@@ -389,7 +395,7 @@ async fn an_engine_that_does_not_decide_contains_nothing() {
         &mut e,
         mk_slice("hot", "hot-1", &[(1, true), (2, true), (3, true)]),
     );
-    run(&mut e, Duration::from_secs(1), Duration::from_millis(100)).await;
+    run_lacking_pods(&mut e, Duration::from_secs(1), Duration::from_millis(100)).await;
     assert!(e.contained().is_empty());
     let Some(Object::EndpointSlice(s)) = published_slice(&e, "hot-1") else {
         panic!("published")

@@ -7,6 +7,11 @@
 //! their status (whose churn waits with the endpoints'), and
 //! publications never exceed the link's budget over any window.
 //!
+//! And the order a consumer receives them in (guarantee 9), event by event as a consumer that
+//! follows every kind applies them ([`Order`]): no slice version names as ready a pod that
+//! exists upstream and was not published, [`LEAD`] earlier at least, at a lower version; no pod
+//! that exists upstream is withdrawn while a slice served names it as ready.
+//!
 //! The expected state comes from an independent model: a map of upstream objects and the rules
 //! of DESIGN.md written out directly (a selected service, every slice of it, the pods its
 //! endpoints point at), not from the engine's own indexes. Pod fetches the engine asks for are
@@ -19,6 +24,8 @@ use proptest::prelude::*;
 use tokio::time::{self, Instant};
 
 use super::*;
+use crate::churn::publish::stages::LEAD;
+use crate::view::EventType;
 
 const SERVICES: [&str; 3] = ["a", "b", "c"];
 const SLICES: [&str; 2] = ["x", "y"];
@@ -85,6 +92,8 @@ fn slice_name(svc: usize, slice: usize) -> String {
 #[derive(Default)]
 struct Remote {
     objects: BTreeMap<ObjKey, Object>,
+    /// When each pod upstream was created (its last creation).
+    born: BTreeMap<ObjKey, Instant>,
 }
 
 impl Remote {
@@ -107,7 +116,9 @@ impl Remote {
             }
             Op::Wait { .. } => return None,
         };
-        self.objects.insert(obj.key(), obj.clone());
+        if self.objects.insert(obj.key(), obj.clone()).is_none() && obj.kind() == Kind::Pod {
+            self.born.insert(obj.key(), Instant::now());
+        }
         Some(Change::Apply(obj))
     }
 
@@ -189,8 +200,10 @@ impl Remote {
             let mut current = of_service(&published(e), svc);
             // Frozen are its endpoints; its pods are kept current (guarantee 7).
             current.retain(|k, _| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet));
+            // Taken once its publication is whole: a Service enters after its slices.
+            let whole = current.keys().any(|k| k.kind == Kind::Service);
             match snap {
-                None if !current.is_empty() => *snap = Some(current),
+                None if whole => *snap = Some(current),
                 Some(before) => assert_eq!(&current, before, "contained {svc} changed"),
                 None => {}
             }
@@ -255,6 +268,88 @@ fn unresolved(served: &BTreeMap<ObjKey, Object>, remote: &Remote) -> BTreeSet<Ob
 /// waits forever and fails this.
 const RESOLVE_WITHIN: Duration = Duration::from_secs(6);
 
+/// How long after a pod's creation upstream a slice naming it may still reach a consumer
+/// before the pod: the slice was computed before the pod existed, and its stages (two leads,
+/// each applied at the replay's next 50 ms step) were under way.
+const BORN_WITHIN: Duration = Duration::from_millis(150);
+
+/// A consumer that applies every event in version order, and what it saw out of order.
+#[derive(Default)]
+struct Order {
+    /// Objects held, each with when it was first added (since its last deletion).
+    held: BTreeMap<ObjKey, (Object, Instant)>,
+    /// What broke the order, in words (the first few).
+    broken: Vec<String>,
+}
+
+impl Order {
+    fn apply(&mut self, ev: &Event, now: Instant, remote: &Remote) {
+        let obj = &ev.object.object;
+        let key = obj.key();
+        if ev.kind == EventType::Deleted {
+            if key.kind == Kind::Pod && remote.objects.contains_key(&key) {
+                let naming = self.slices_naming(&key.id);
+                if !naming.is_empty() {
+                    self.broke(format!(
+                        "{:?} withdrawn at {} while {naming:?} name it ready",
+                        key.id, ev.resource_version
+                    ));
+                }
+            }
+            self.held.remove(&key);
+            return;
+        }
+        if let Object::EndpointSlice(s) = obj {
+            for (pod, ready) in s.pod_refs_ready() {
+                let pk = ObjKey {
+                    kind: Kind::Pod,
+                    id: pod,
+                };
+                let born = remote
+                    .born
+                    .get(&pk)
+                    .filter(|_| remote.objects.contains_key(&pk));
+                if !ready || born.is_none_or(|b| now.duration_since(*b) <= BORN_WITHIN) {
+                    continue;
+                }
+                match self.held.get(&pk) {
+                    None => self.broke(format!(
+                        "{:?} at {} names {:?} ready, not served",
+                        key.id, ev.resource_version, pk.id
+                    )),
+                    Some((_, added)) if now.duration_since(*added) < LEAD => self.broke(format!(
+                        "{:?} at {} names {:?} ready, served only {:?} before",
+                        key.id,
+                        ev.resource_version,
+                        pk.id,
+                        now.duration_since(*added)
+                    )),
+                    Some(_) => {}
+                }
+            }
+        }
+        let added = self.held.get(&key).map_or(now, |(_, t)| *t);
+        self.held.insert(key, (obj.clone(), added));
+    }
+
+    fn slices_naming(&self, pod: &NsName) -> Vec<NsName> {
+        (self.held.values())
+            .filter_map(|(o, _)| match o {
+                Object::EndpointSlice(s) => Some(s),
+                _ => None,
+            })
+            .filter(|s| s.pod_refs_ready().into_iter().any(|(p, r)| r && &p == pod))
+            .map(|s| s.id().clone())
+            .collect()
+    }
+
+    fn broke(&mut self, what: String) {
+        if self.broken.len() < 5 {
+            self.broken.push(what);
+        }
+    }
+}
+
 fn published(e: &Engine) -> BTreeMap<ObjKey, Object> {
     let mut out = BTreeMap::new();
     for kind in KINDS {
@@ -276,6 +371,9 @@ async fn replay(ops: &[Op]) -> Replayed {
     spec.rate_limit.per_service.updates_per_second = 2;
     spec.rate_limit.per_service.burst = 2;
     let mut e = synced(&spec, vec![]);
+    // A consumer follows every kind, as Linkerd's destination does.
+    let mut feeds = Feeds::of(e.view());
+    let mut order = Order::default();
     let mut remote = Remote::default();
     let mut counts = vec![(Instant::now(), e.counters().downstream_updates)];
     let step = Duration::from_millis(50);
@@ -288,6 +386,9 @@ async fn replay(ops: &[Op]) -> Replayed {
         e.poll(now);
         remote.answer(e, now, &mut contained);
         e.poll(now);
+        for ev in feeds.drain() {
+            order.apply(&ev, now, remote);
+        }
         counts.push((now, e.counters().downstream_updates));
         let now_missing = unresolved(&published(e), remote);
         missing.retain(|k, _| now_missing.contains(k));
@@ -322,6 +423,7 @@ async fn replay(ops: &[Op]) -> Replayed {
         counts,
         contained,
         longest_unresolved: longest,
+        order: order.broken,
     }
 }
 
@@ -334,6 +436,8 @@ struct Replayed {
     contained: Frozen,
     /// The pod that stayed longest unresolved behind a ready endpoint served, and how long.
     longest_unresolved: Option<(ObjKey, Duration)>,
+    /// What a consumer following every kind saw out of order ([`Order`]).
+    order: Vec<String>,
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -350,8 +454,10 @@ proptest! {
 
     #[test]
     fn converges_to_upstream_within_the_budget(ops in proptest::collection::vec(op(), 1..60)) {
-        let Replayed { engine: e, remote, counts, contained, longest_unresolved } =
+        let Replayed { engine: e, remote, counts, contained, longest_unresolved, order } =
             block_on(replay(&ops));
+        // Guarantee 9: pods before the slices that name them, and after them on the way out.
+        prop_assert!(order.is_empty(), "out of order: {:?}", order);
         // Guarantee 7, on every view published: a ready endpoint's pod is served soon after it
         // exists upstream, whether its service is contained or not.
         if let Some((pod, waited)) = &longest_unresolved {

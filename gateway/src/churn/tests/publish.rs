@@ -316,6 +316,13 @@ async fn a_pod_answered_absent_is_not_asked_again_and_is_served_when_it_comes() 
         [NsName::new("ns", "web-3")],
         "web-2 is known absent: the pod watcher sends it if it comes"
     );
+    // web-3's fetch is not answered: the slice that names it waits that long at most.
+    run(
+        &mut e,
+        crate::churn::publish::AWAIT,
+        Duration::from_millis(50),
+    )
+    .await;
     apply(&mut e, mk_pod("web-2", "Running"));
     run(&mut e, Duration::from_secs(1), Duration::from_millis(50)).await;
     assert!(e.view().get(&pod_key("web-2")).is_some());

@@ -1,0 +1,267 @@
+//! Guarantee 9 through the engine: what a consumer looks up when it handles an object reaches it
+//! first, and a [`LEAD`] before: a pod before the slice that names it (fetched first when the pod
+//! watcher skipped it), a slice's endpoint before its pod goes, a Service's Endpoints before the
+//! Service enters. Each test follows the view as a consumer does (a watcher of every kind), so
+//! publications are staged.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Endpoints, ServiceSpec};
+
+use super::*;
+use crate::churn::publish::AWAIT;
+use crate::churn::publish::stages::LEAD;
+use crate::model::EndpointsObject;
+use crate::view::EventType;
+
+/// The events a poll at `now` put out, as (kind, type, name).
+fn polled(e: &mut Engine, feeds: &mut Feeds) -> Vec<(Kind, EventType, String)> {
+    e.poll(Instant::now());
+    feeds
+        .drain()
+        .into_iter()
+        .map(|ev| {
+            let key = ev.object.object.key();
+            (key.kind, ev.kind, key.id.name.to_string())
+        })
+        .collect()
+}
+
+fn ev(kind: Kind, t: EventType, name: &str) -> (Kind, EventType, String) {
+    (kind, t, name.to_owned())
+}
+
+/// A synced engine serving `web` with pod web-1 behind a ready endpoint, followed by `feeds`,
+/// quiet since (its first sync's changes open no coalescing window any more).
+async fn serving_web() -> (Engine, Feeds) {
+    let e = synced(
+        &mk_spec(),
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-x", &[(1, true)]),
+            mk_ready_pod("web-1", true),
+        ],
+    );
+    let feeds = Feeds::of(e.view());
+    time::advance(Duration::from_secs(1)).await;
+    (e, feeds)
+}
+
+/// A scale-up in a real cluster's order: the new pod first (skipped: no endpoint names it
+/// yet), then the slice naming it. The slice waits while the pod is fetched; the pod goes out,
+/// and the slice `LEAD` later.
+#[tokio::test(start_paused = true)]
+async fn a_new_pod_goes_out_a_lead_before_the_slice_that_names_it() {
+    let (mut e, mut feeds) = serving_web().await;
+    let pod = mk_ready_pod("web-2", true);
+    apply(&mut e, pod.clone());
+    assert!(polled(&mut e, &mut feeds).is_empty(), "nothing names it");
+    apply(&mut e, mk_slice("web", "web-x", &[(1, true), (2, true)]));
+    assert!(
+        polled(&mut e, &mut feeds).is_empty(),
+        "the slice waits for its pod"
+    );
+    let asked = take_fetches(&mut e);
+    assert_eq!(asked.len(), 1, "web-2 is fetched");
+    e.ingest(found(&asked, pod), Instant::now());
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Pod, EventType::Added, "web-2")],
+        "the pod first"
+    );
+    time::advance(LEAD - Duration::from_millis(1)).await;
+    assert!(polled(&mut e, &mut feeds).is_empty(), "not before the lead");
+    time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::EndpointSlice, EventType::Modified, "web-x")]
+    );
+}
+
+/// A pod the fetch finds absent holds nothing back: the slice goes at once (it names a pod that
+/// does not exist, as upstream's does).
+#[tokio::test(start_paused = true)]
+async fn a_pod_found_absent_lets_its_slice_go() {
+    let (mut e, mut feeds) = serving_web().await;
+    apply(&mut e, mk_slice("web", "web-x", &[(1, true), (2, true)]));
+    assert!(polled(&mut e, &mut feeds).is_empty());
+    let asked = take_fetches(&mut e);
+    e.ingest(
+        answer(&asked, &NsName::new("ns", "web-2"), Answer::Absent),
+        Instant::now(),
+    );
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::EndpointSlice, EventType::Modified, "web-x")]
+    );
+}
+
+/// A remote that never answers the fetch holds the slice `AWAIT` at most.
+#[tokio::test(start_paused = true)]
+async fn a_fetch_never_answered_holds_the_slice_for_a_while_only() {
+    let (mut e, mut feeds) = serving_web().await;
+    apply(&mut e, mk_slice("web", "web-x", &[(1, true), (2, true)]));
+    assert!(polled(&mut e, &mut feeds).is_empty());
+    assert_eq!(take_fetches(&mut e).len(), 1);
+    let deadline = e.poll(Instant::now()).expect("a deadline");
+    assert!(deadline <= Instant::now() + AWAIT, "{deadline:?}");
+    time::advance(AWAIT - Duration::from_millis(1)).await;
+    assert!(polled(&mut e, &mut feeds).is_empty());
+    time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::EndpointSlice, EventType::Modified, "web-x")],
+        "published without its pod"
+    );
+}
+
+/// A scale-down in a real cluster's order: the endpoint leaves its slice, then the pod is
+/// deleted. Consumers get the slice first and the pod's deletion a `LEAD` later, even when both
+/// changes are published at once.
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_leaves_its_slice_a_lead_before_its_pod_goes() {
+    let (mut e, mut feeds) = synced_with_two().await;
+    apply(&mut e, mk_slice("web", "web-x", &[(1, true)]));
+    e.ingest(
+        Change::Delete(mk_ready_pod("web-2", true).key()),
+        Instant::now(),
+    );
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::EndpointSlice, EventType::Modified, "web-x")]
+    );
+    time::advance(LEAD).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Pod, EventType::Deleted, "web-2")]
+    );
+}
+
+/// [`serving_web`] with pods web-1 and web-2.
+async fn synced_with_two() -> (Engine, Feeds) {
+    let e = synced(
+        &mk_spec(),
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-x", &[(1, true), (2, true)]),
+            mk_ready_pod("web-1", true),
+            mk_ready_pod("web-2", true),
+        ],
+    );
+    let feeds = Feeds::of(e.view());
+    time::advance(Duration::from_secs(1)).await;
+    (e, feeds)
+}
+
+/// A Service with a selector, and the Endpoints object the remote's controller writes for it
+/// (the same labels).
+fn selected(name: &str) -> (Service, Endpoints) {
+    let Object::Service(s) = mk_service(name, true) else {
+        unreachable!("mk_service makes a Service")
+    };
+    let mut s = Service::clone(&s);
+    s.spec = Some(ServiceSpec {
+        selector: Some([("app".to_owned(), name.to_owned())].into()),
+        ..Default::default()
+    });
+    let eps = Endpoints {
+        metadata: s.metadata.clone(),
+        subsets: None,
+    };
+    (s, eps)
+}
+
+fn service(s: &Service) -> Object {
+    Object::Service(Arc::new(s.clone()))
+}
+
+fn endpoints(e: &Endpoints) -> Object {
+    Object::Endpoints(Arc::new(EndpointsObject::from(e.clone())))
+}
+
+/// A service exported (or exported again) enters the view after its Endpoints, with a lead,
+/// however the remote's writes came: the Service first, its Endpoints a moment later. On the
+/// way out the Service goes first.
+#[tokio::test(start_paused = true)]
+async fn a_service_enters_after_its_endpoints_and_leaves_before_them() {
+    let kinds = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Endpoints,
+        Kind::Pod,
+    ];
+    let now = Instant::now();
+    let mut e = Engine::new(&mk_spec(), &kinds, View::new(1, 1000), now);
+    for k in kinds {
+        e.ingest(Change::InitStart(k), now);
+        e.ingest(Change::InitDone(k), now);
+    }
+    e.poll(now);
+    let mut feeds = Feeds::of(e.view());
+    let (mut svc, mut eps) = selected("web");
+    apply(&mut e, service(&svc));
+    assert!(
+        polled(&mut e, &mut feeds).is_empty(),
+        "the Service waits for its Endpoints"
+    );
+    time::advance(Duration::from_millis(15)).await;
+    apply(&mut e, endpoints(&eps));
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Endpoints, EventType::Added, "web")]
+    );
+    time::advance(LEAD).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Service, EventType::Added, "web")]
+    );
+    // Unexported, once quiet: the Service leaves first, its Endpoints a lead later.
+    time::advance(Duration::from_secs(1)).await;
+    svc.metadata.labels = None;
+    eps.metadata.labels = None;
+    apply(&mut e, service(&svc));
+    apply(&mut e, endpoints(&eps));
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Service, EventType::Deleted, "web")]
+    );
+    time::advance(LEAD).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Endpoints, EventType::Deleted, "web")]
+    );
+}
+
+/// A Service whose Endpoints never come (a remote without an Endpoints controller running)
+/// is published after `AWAIT`; one without a selector (hand-made endpoints) at once.
+#[tokio::test(start_paused = true)]
+async fn a_service_without_its_endpoints_waits_a_while_only() {
+    let kinds = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Endpoints,
+        Kind::Pod,
+    ];
+    let now = Instant::now();
+    let mut e = Engine::new(&mk_spec(), &kinds, View::new(1, 1000), now);
+    for k in kinds {
+        e.ingest(Change::InitStart(k), now);
+        e.ingest(Change::InitDone(k), now);
+    }
+    e.poll(now);
+    let mut feeds = Feeds::of(e.view());
+    apply(&mut e, mk_service("plain", true));
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Service, EventType::Added, "plain")],
+        "no selector: nothing to wait for"
+    );
+    let (svc, _) = selected("web");
+    apply(&mut e, service(&svc));
+    assert!(polled(&mut e, &mut feeds).is_empty());
+    time::advance(AWAIT).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Service, EventType::Added, "web")]
+    );
+}
