@@ -7,6 +7,10 @@
 //! A hanging response stays hung until the proxy is killed, like a connection to a peer that
 //! vanished: clearing the fault only lets new requests through, so the client must notice the
 //! hung one by itself.
+//!
+//! [`Chaos::stop_gracefully`] plays a kube-apiserver sent SIGTERM: it stops listening at once,
+//! closes its idle connections, and keeps its open watches, sending nothing on them, until it
+//! exits (a real one about 60 s later: [`Chaos::kill`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -69,6 +73,9 @@ pub struct Chaos {
     target: Arc<Mutex<String>>,
     /// Bumped to end the accept loop and every connection (a kill).
     epoch: watch::Sender<u64>,
+    /// Set to shut every connection down gracefully: an idle one closes, one with a response
+    /// under way closes when it is done ([`Chaos::stop_gracefully`]).
+    graceful: watch::Sender<bool>,
     accept: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -81,6 +88,7 @@ impl Chaos {
             faults: Arc::default(),
             target: Arc::new(Mutex::new(target.to_owned())),
             epoch: watch::channel(0).0,
+            graceful: watch::channel(false).0,
             accept: Mutex::new(None),
         };
         chaos.serve(listener);
@@ -105,9 +113,24 @@ impl Chaos {
         }
     }
 
+    /// The remote stops as a kube-apiserver sent SIGTERM does: the listener is closed (new
+    /// connections are refused), idle connections are closed, and every watch under way stays
+    /// open, sending nothing, until [`Self::kill`] (the server's exit). New requests on no
+    /// connection can reach it.
+    pub fn stop_gracefully(&self) {
+        self.faults.hang_watches.store(true, Ordering::Relaxed);
+        self.graceful.send_replace(true);
+        if let Some(t) = self.accept.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.abort();
+        }
+    }
+
     /// The remote comes back on the same port (retried for up to 5 s while the killed listener
-    /// is still being dropped).
+    /// is still being dropped), its watches no longer held after a graceful stop.
     pub async fn restart(&self) -> anyhow::Result<()> {
+        if self.graceful.send_replace(false) {
+            self.faults.hang_watches.store(false, Ordering::Relaxed);
+        }
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         let listener = loop {
             match TcpListener::bind(self.addr).await {
@@ -123,6 +146,7 @@ impl Chaos {
     fn serve(&self, listener: TcpListener) {
         let (faults, target) = (self.faults.clone(), self.target.clone());
         let mut epoch = self.epoch.subscribe();
+        let graceful = self.graceful.subscribe();
         let client: Client<HttpConnector, Full<Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
         let task = tokio::spawn(async move {
@@ -136,15 +160,29 @@ impl Chaos {
                 };
                 let (faults, target, client) = (faults.clone(), target.clone(), client.clone());
                 let mut conn_epoch = epoch.clone();
+                let mut graceful = graceful.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         forward(req, faults.clone(), target.clone(), client.clone())
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), service);
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = conn_epoch.changed() => {}
+                    tokio::pin!(conn);
+                    let mut stopping = *graceful.borrow_and_update();
+                    if stopping {
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    loop {
+                        tokio::select! {
+                            _ = conn.as_mut() => return,
+                            _ = conn_epoch.changed() => return,
+                            r = graceful.changed(), if !stopping => {
+                                stopping = r.is_err() || *graceful.borrow_and_update();
+                                if stopping {
+                                    conn.as_mut().graceful_shutdown();
+                                }
+                            }
+                        }
                     }
                 });
             }

@@ -370,6 +370,55 @@ async fn a_dead_remote_is_degraded_and_back_quickly(outage: Duration) {
     .await;
 }
 
+/// The remote stops as a kube-apiserver sent SIGTERM does (a rolling upgrade, a drained node):
+/// it refuses new connections at once but keeps the open watches, silent, until it exits. The
+/// link says `Degraded` within 10 s (it trusted its open watches for 58 s before), serves its
+/// view meanwhile, and is `Healthy` again within 10 s of the remote's return, with a change made
+/// meanwhile served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_stopping_gracefully_is_degraded_within_seconds() {
+    use floodgate_e2e::chaos::ChaosStack;
+    let store = Arc::new(SimStore::new(49, 10_000));
+    let mut cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
+    let stack = ChaosStack::start(store.clone(), Stack::default_spec())
+        .await
+        .expect("stack");
+    assert_eq!(stack.link().phase, Phase::Healthy);
+    let slices = Api::<EndpointSlice>::all(stack.consumer().await.expect("client"));
+    let mut events = slice_events(slices.clone()).await;
+
+    stack.chaos.stop_gracefully();
+    let stopped = tokio::time::Instant::now();
+    floodgate_e2e::until(10, "Degraded", async || {
+        stack.link().phase == Phase::Degraded
+    })
+    .await;
+    eprintln!("Degraded {:?} after the graceful stop", stopped.elapsed());
+    let state = stack.link();
+    assert!(
+        state.message.contains("unreachable since"),
+        "{}",
+        state.message
+    );
+    let served = slices.list(&ListParams::default()).await.expect("served");
+    assert_eq!(served.items.len(), 2, "the view is served meanwhile");
+    // Written while the remote is away: served once it is back.
+    cluster.roll_pod("web", 0);
+    stack.chaos.kill();
+    stack.chaos.restart().await.expect("restart");
+    let back = tokio::time::Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("the change made meanwhile within 10 s")
+        .expect("event");
+    assert_eq!(got, "apply web-00000");
+    floodgate_e2e::until(10, "Healthy again", async || {
+        stack.link().phase == Phase::Healthy
+    })
+    .await;
+    eprintln!("Healthy {:?} after the return", back.elapsed());
+}
+
 /// The scenario, 60 s down (`make e2e`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a minute long: make e2e"]

@@ -216,7 +216,7 @@ pub struct Engine {
 impl Engine {
     /// An engine for a validated spec, following `kinds` upstream, publishing into `view`.
     pub fn new(spec: &LinkSpec, kinds: &[Kind], view: View, now: Instant) -> Self {
-        Self {
+        let mut engine = Self {
             store: Store::new(
                 &spec.select.services,
                 spec.caps.max_endpoints_per_service as usize,
@@ -243,13 +243,16 @@ impl Engine {
             assess: true,
             effects: Vec::new(),
             ingested: Ingested::default(),
-        }
+        };
+        engine.set_kinds(kinds);
+        engine
     }
 
     /// Sets the kinds followed upstream (known once the remote's discovery answered; a link
     /// restored from disk starts before that).
     pub fn set_kinds(&mut self, kinds: &[Kind]) {
         self.sync.kinds = kinds.to_vec();
+        (self.publisher).follow_endpoints(kinds.contains(&Kind::Endpoints));
     }
 
     /// Whether this engine acts on the floods it measures (true unless another replica holds
@@ -264,6 +267,7 @@ impl Engine {
     /// Stops publishing: the view follows the Lease holder's as it is ([`Engine::adopt_view`]
     /// takes it over).
     pub fn set_following(&mut self) {
+        self.publisher.flush();
         self.following = true;
     }
 
@@ -438,6 +442,8 @@ impl Engine {
             State::Quarantined(q) => {
                 // Entered just now (`trip`, `quarantine`): its start is the time it is.
                 let now = q.since;
+                // The view freezes as published: every stage of it.
+                self.publisher.flush();
                 if matches!(t.from, StateName::Active | StateName::Rechecking) {
                     self.effects.push(Effect::StopUpstream);
                 }

@@ -390,6 +390,12 @@ impl Collector for LinkCollector {
         )?;
         counter(
             &mut enc,
+            "upstream_refusals",
+            "Upstream requests and watches the remote refused our credentials for (401, 403).",
+            per_link(|s| s.state.upstream.refusals),
+        )?;
+        counter(
+            &mut enc,
             "upstream_oversized",
             "Upstream objects refused for being over the size limit.",
             per_link(|s| s.state.upstream.oversized),

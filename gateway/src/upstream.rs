@@ -93,6 +93,9 @@ pub struct UpstreamCounters {
     pub oversized: AtomicU64,
     /// Relists Floodgate forced because kube-rs could not recover by itself ([`needs_relist`]).
     pub forced_relists: AtomicU64,
+    /// Requests and watches the remote refused our credentials for (401, 403:
+    /// [`fault::refusal`]).
+    pub refusals: AtomicU64,
     /// How each watcher lists, per kind in [`Kind::ALL`]'s order ([`UpstreamCounters::strategy_of`]).
     pub list_strategy: [AtomicU8; Kind::ALL.len()],
     /// Whether the remote answers, as the watchers see it.

@@ -80,6 +80,7 @@ pub fn describe_state(name: &str, s: &LinkState, api: Option<&Api<LinkStore>>) -
             "upstreamRelists": s.upstream.relists,
             "upstreamDecodeErrors": s.upstream.decode_errors,
             "upstreamForcedRelists": s.upstream.forced_relists,
+            "upstreamRefusals": s.upstream.refusals,
             "upstreamOversized": s.upstream.oversized,
             "upstreamPodsSkipped": s.upstream.pods_skipped,
             "upstreamWatchers": s.upstream.watchers,

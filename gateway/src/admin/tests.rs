@@ -522,6 +522,7 @@ async fn metrics_parse_and_follow_the_links() {
         "floodgate_upstream_errors_total",
         "floodgate_upstream_decode_errors_total",
         "floodgate_upstream_forced_relists_total",
+        "floodgate_upstream_refusals_total",
         "floodgate_upstream_oversized_total",
         "floodgate_upstream_pods_skipped_total",
         "floodgate_view_bytes",

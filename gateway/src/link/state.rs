@@ -81,6 +81,9 @@ pub struct UpstreamStatus {
     /// Relists Floodgate forced: a watch that could not resume or lost a frame.
     #[serde(rename = "upstreamForcedRelists")]
     pub forced_relists: u64,
+    /// Requests and watches the remote refused our credentials for (401, 403).
+    #[serde(rename = "upstreamRefusals")]
+    pub refusals: u64,
     /// Objects refused for being over the size limit.
     #[serde(rename = "upstreamOversized")]
     pub oversized: u64,
@@ -225,6 +228,7 @@ fn upstream_status(counters: &UpstreamCounters) -> UpstreamStatus {
         relists: counters.relists.load(Ordering::Relaxed),
         decode_errors: counters.decode_errors.load(Ordering::Relaxed),
         forced_relists: counters.forced_relists.load(Ordering::Relaxed),
+        refusals: counters.refusals.load(Ordering::Relaxed),
         oversized: counters.oversized.load(Ordering::Relaxed),
         pods_skipped: counters.pods_skipped.load(Ordering::Relaxed),
         watchers: counters.watchers.load(Ordering::Relaxed),

@@ -45,6 +45,34 @@ pub fn needs_relist(e: &watcher::Error) -> bool {
     }
 }
 
+/// The remote's answer when it refused our credentials (401 Unauthorized: an expired or
+/// revoked token; 403 Forbidden: RBAC that no longer lets us read), from a request or a watch.
+pub fn refusal(e: &kube::Error) -> Option<&kube::core::Status> {
+    match e {
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Some(s),
+        _ => None,
+    }
+}
+
+/// [`refusal`] of a watcher's error.
+pub fn watch_refusal(e: &watcher::Error) -> Option<&kube::core::Status> {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => refusal(e),
+        watcher::Error::WatchError(s) if s.code == 401 || s.code == 403 => Some(s),
+        _ => None,
+    }
+}
+
+/// What a refusal says, for the link's message: which refusal, and the remote's words.
+pub fn refused(s: &kube::core::Status, doing: &str) -> String {
+    format!(
+        "the remote refuses our credentials ({} {}) {doing}: {}",
+        s.code, s.reason, s.message
+    )
+}
+
 /// True for a watch the remote ended with 410 Gone (its history moved past the resume point):
 /// the remote answered, so it is no sign of an outage, and kube-rs's watcher relists by itself.
 pub fn is_expired(e: &watcher::Error) -> bool {

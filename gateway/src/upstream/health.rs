@@ -8,6 +8,15 @@
 //! [`probe`] asks it for `/version` every [`PROBE_EVERY`], and clears the mark once it answers
 //! and no watcher has failed for [`QUIET`] (a watcher that keeps failing, say on a resource
 //! the credentials may not read, keeps the link Degraded instead of flapping).
+//!
+//! Nor can an open watch say that the remote is gone: a kube-apiserver stopped gracefully (a
+//! rolling upgrade, a drained node) stops listening at once but keeps its open watches about
+//! 60 s, sending nothing on them (58 s measured). So while the remote counts as reachable,
+//! [`probe`] asks for `/version` every [`LIVENESS_EVERY`] too, on a connection of the client's
+//! pool (an idle one the server keeps, or a new one: a stopping server closes its idle ones),
+//! and marks the remote unreachable when it is refused or not answered within
+//! [`LIVENESS_TIMEOUT`]: `Degraded` within about 6 s, whatever the open watches do. Behind a
+//! balancer, another server answers and the link stays `Healthy`.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -18,6 +27,13 @@ use tokio::time::Instant;
 
 /// How often an unreachable remote is asked whether it is back.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a remote that counts as reachable is asked whether it still answers new requests.
+pub const LIVENESS_EVERY: Duration = Duration::from_secs(3);
+
+/// How long a liveness probe waits for its answer: a remote that answers takes milliseconds,
+/// one under load a second or two.
+pub const LIVENESS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long no watcher may have failed before the remote counts as back: longer than the
 /// watchers' longest backoff ([`super::WATCH_BACKOFF`]), so a watcher that keeps failing fails
@@ -170,13 +186,45 @@ impl Health {
 
 /// Runs for the life of an upstream: while the remote is marked unreachable, asks it for
 /// `/version` every [`PROBE_EVERY`] and clears the mark once it answers and the watchers are
-/// quiet.
+/// quiet; while it counts as reachable, asks every [`LIVENESS_EVERY`] and marks it unreachable
+/// when it does not answer (see the module's docs).
 pub(super) async fn probe(client: Client, health: std::sync::Arc<super::UpstreamCounters>) {
     let mut changes = health.health.subscribe();
     loop {
         if changes.borrow_and_update().is_none() {
-            if changes.changed().await.is_err() {
-                return;
+            let timer = tokio::time::sleep(LIVENESS_EVERY);
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                () = timer => {}
+            }
+            let asked = tokio::time::timeout(LIVENESS_TIMEOUT, client.apiserver_version()).await;
+            match asked {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => match super::fault::refusal(&e) {
+                    Some(s) => {
+                        health
+                            .refusals
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        health
+                            .health
+                            .failed(super::fault::refused(s, "asking for /version"));
+                    }
+                    None => {
+                        health
+                            .health
+                            .failed(format_args!("asking for /version: {e}"));
+                    }
+                },
+                Err(_) => {
+                    health.health.failed(format_args!(
+                        "asking for /version: no answer within {LIVENESS_TIMEOUT:?}"
+                    ));
+                }
             }
             continue;
         }

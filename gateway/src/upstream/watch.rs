@@ -22,7 +22,9 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::admit::{Refused, refuse, typed, wired};
-use super::fault::{FORCED_RELIST_BACKOFF, is_decode_error, is_expired, needs_relist};
+use super::fault::{
+    FORCED_RELIST_BACKOFF, is_decode_error, is_expired, needs_relist, refused, watch_refusal,
+};
 use super::strategy::{ListStrategy, refuses_streaming};
 use super::wire::{self, Wire};
 use super::{Message, OPENING_KINDS, UpstreamCounters, WATCH_BACKOFF, kind_index, trim};
@@ -399,6 +401,13 @@ where
             tracing::info!(kind, error = %e, "upstream watch expired; relisting");
         } else if decode {
             tracing::warn!(kind, error = %e, "upstream watch frame cannot be decoded; retrying with backoff");
+        } else if let Some(s) = watch_refusal(&e) {
+            // Named, so the operator knows to look at the credentials, not the network.
+            counters.refusals.fetch_add(1, Ordering::Relaxed);
+            counters
+                .health
+                .failed(refused(s, &format!("watching {kind}")));
+            tracing::debug!(kind, error = %e, "upstream watch refused; retrying with backoff");
         } else {
             // An outage is logged once by `health`, not once per retry.
             counters.health.failed(format_args!("watching {kind}: {e}"));
