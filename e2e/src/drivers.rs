@@ -11,7 +11,8 @@
 //! [`pod`]); a flood takes one of the [`FloodShape`]s. A surge can also be written in a real
 //! cluster's order ([`Cluster::start_pods`], [`Cluster::create_service`],
 //! [`Cluster::name_pods`]): pods Ready first and quiet afterwards, then the Service, then the
-//! slices naming them.
+//! slices naming them; and scaled or rolled with a real cluster's lag between a pod and the
+//! slice naming it ([`Cluster::scale_in_order`], [`Cluster::replace_pod_in_order`]).
 
 mod pod;
 mod surge;
@@ -34,6 +35,7 @@ use crate::sim::SimStore;
 
 pub use pod::FloodShape;
 use pod::PodModel;
+pub use surge::CONTROLLER_LAG;
 
 /// Endpoints per slice, as the EndpointSlice controller does by default.
 pub const SLICE_SIZE: usize = 100;
@@ -190,10 +192,7 @@ impl Cluster {
         let mut removed = Vec::new();
         while svc.pods.len() > replicas {
             if let Some(p) = svc.pods.pop() {
-                removed.push(ObjKey {
-                    kind: Kind::Pod,
-                    id: NsName::new(&self.namespace, &format!("{name}-{}", p.index)),
-                });
+                removed.push(self.pod_key(name, &p));
                 changed.insert(svc.pods.len() / SLICE_SIZE);
             }
         }
@@ -204,9 +203,11 @@ impl Cluster {
             .iter()
             .map(|p| self.pod(name, p))
             .collect();
-        self.store.delete(removed);
+        // A real cluster's order: new pods before the slices naming them, and an endpoint
+        // dropped before its pod is deleted.
         self.store.apply(new_pods);
         self.sync(name, &mut svc, &changed);
+        self.store.delete(removed);
         self.services.insert(name.to_owned(), svc);
     }
 

@@ -9,6 +9,10 @@
 //! pod that long, the time to list or fetch it). It remembers when it first saw each one; an
 //! endpoint that gets its pod, stops being ready or goes away is forgotten.
 
+mod at_event;
+
+pub use at_event::EventResolver;
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 

@@ -1,13 +1,21 @@
 //! Floods and surges: one step of a flood of a given [`FloodShape`], and a surge written in a
 //! real cluster's order (pods Ready and quiet first, then the Service, then the EndpointSlice
 //! controller naming them), which is when a gateway that skipped the pods nobody wanted yet
-//! must go back for them.
+//! must go back for them. Scaling and rolling with a real cluster's lag between a pod and the
+//! slice that names it ([`Cluster::scale_in_order`], [`Cluster::replace_pod_in_order`]).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
-use floodgate::model::Object;
+use floodgate::model::{Kind, NsName, ObjKey, Object};
 
+use super::pod::PodModel;
 use super::{Cluster, FloodShape, SLICE_SIZE, pod};
+
+/// How long a real cluster's EndpointSlice controller takes to name a new pod after the pod is
+/// written (Running, Ready, its IP), and to drop an endpoint before the pod is deleted: 9 to
+/// 30 ms, measured on a real kube-apiserver 1.32 on these machines.
+pub const CONTROLLER_LAG: Duration = Duration::from_millis(20);
 
 impl Cluster {
     /// One step of a flood of `shape`: `count` pods of the service change (see
@@ -62,5 +70,71 @@ impl Cluster {
             self.sync(name, &mut svc, &changed);
         }
         self.services.insert(name.to_owned(), svc);
+    }
+
+    /// Scales `name`'s Deployment to `replicas` in a real cluster's order: new pods are
+    /// written Running and Ready with their IP, and `lag` later the slices and Endpoints naming
+    /// them; on the way down the endpoints go first, and `lag` later the pods.
+    pub async fn scale_in_order(&mut self, name: &str, replicas: usize, lag: Duration) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        if replicas >= svc.pods.len() {
+            let start = svc.pods.len();
+            let changed = self.grow(&mut svc, replicas, true);
+            let pods: Vec<Object> = (svc.pods[start..].iter())
+                .map(|p| self.pod(name, p))
+                .collect();
+            self.store.apply(pods);
+            tokio::time::sleep(lag).await;
+            self.sync(name, &mut svc, &changed);
+        } else {
+            let mut changed = BTreeSet::new();
+            let mut removed = Vec::new();
+            while svc.pods.len() > replicas {
+                if let Some(p) = svc.pods.pop() {
+                    removed.push(self.pod_key(name, &p));
+                    changed.insert(svc.pods.len() / SLICE_SIZE);
+                }
+            }
+            self.sync(name, &mut svc, &changed);
+            tokio::time::sleep(lag).await;
+            self.store.delete(removed);
+        }
+        self.services.insert(name.to_owned(), svc);
+    }
+
+    /// One step of a rolling update in a real cluster's order: a new pod (a new name and
+    /// address, as a new ReplicaSet's) is written Ready, `lag` later the slice names it in
+    /// place of pod `i`, and `lag` after that pod `i` is deleted.
+    pub async fn replace_pod_in_order(&mut self, name: &str, i: usize, lag: Duration) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        if i < svc.pods.len() {
+            let ip = self.next_ip;
+            self.next_ip += 1;
+            let new = PodModel::new(
+                svc.next_index,
+                format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255),
+                true,
+            );
+            svc.next_index += 1;
+            self.store.apply([self.pod(name, &new)]);
+            tokio::time::sleep(lag).await;
+            let old = std::mem::replace(&mut svc.pods[i], new);
+            self.sync(name, &mut svc, &BTreeSet::from([i / SLICE_SIZE]));
+            tokio::time::sleep(lag).await;
+            self.store.delete([self.pod_key(name, &old)]);
+        }
+        self.services.insert(name.to_owned(), svc);
+    }
+
+    /// The key of pod `p` of service `name`.
+    pub(super) fn pod_key(&self, name: &str, p: &PodModel) -> ObjKey {
+        ObjKey {
+            kind: Kind::Pod,
+            id: NsName::new(&self.namespace, &format!("{name}-{}", p.index)),
+        }
     }
 }

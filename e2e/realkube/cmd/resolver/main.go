@@ -6,6 +6,12 @@
 // (an endpoint Linkerd's destination would drop), in total and per service; and, for every
 // EndpointSlice change stamped with the writer's wall-clock time (annotation
 // e2e.floodgate.dev/changed-at-ms), the stamp and the moment its handler first saw it.
+//
+// It also resolves at the event, as Linkerd's destination does: on each EndpointSlice add or
+// update, each ready endpoint's pod is looked up in the pod cache at that moment, and a miss is an
+// address lost until that slice's next event ("Unable to create new address"). Per service it
+// reports the addresses lost at an event, the addresses held (resolved at each slice's last
+// event), and the first moment each new address was held.
 package main
 
 import (
@@ -56,6 +62,13 @@ type report struct {
 	ReadyByService map[string]int `json:"readyByService"`
 	// Each stamped slice change seen: [stamp, seen], wall-clock ms, in the order seen.
 	Stamped [][2]int64 `json:"stamped"`
+	// Addresses lost at a slice event (a ready endpoint whose pod the pod cache lacked when its
+	// slice's handler ran), per service (namespace/name); services with none left out.
+	LostAtEventByService map[string]int `json:"lostAtEventByService"`
+	// Addresses held, per service: the ready endpoints resolved at each slice's last event.
+	HeldByService map[string]int `json:"heldByService"`
+	// When each address (pod namespace/name) was first held, wall-clock ms, per service.
+	HeldAt map[string]map[string]int64 `json:"heldAt"`
 }
 
 // stampAnnotation is the annotation the crash-loop driver stamps a calm roll's slices with.
@@ -67,9 +80,10 @@ func main() {
 	streaming := flag.Bool("streaming", true, "streaming lists (client-go's WatchListClient feature)")
 	interval := flag.Duration("interval", time.Second, "how often a report line is printed")
 	duration := flag.Duration("duration", 0, "exit after this long (0: run until SIGTERM)")
+	heldAt := flag.Bool("held-at", false, "report when each address was first held (heldAt; keep it off for floods)")
 	flag.Parse()
 	if *kubeconfig == "" || flag.NArg() != 0 || *interval <= 0 || *duration < 0 {
-		fail("usage: resolver --kubeconfig FILE [--content-type protobuf|json] [--streaming=true|false] [--interval 1s] [--duration 0]")
+		fail("usage: resolver --kubeconfig FILE [--content-type protobuf|json] [--streaming=true|false] [--interval 1s] [--duration 0] [--held-at]")
 	}
 	// client-go 0.32 reads its feature gates from the environment on first use: set it before
 	// any client exists.
@@ -108,6 +122,7 @@ func main() {
 	}
 
 	r := newResolver()
+	r.reportHeldAt = *heldAt
 	factory := informers.NewSharedInformerFactory(client, 0)
 	metaFactory := metadatainformer.NewSharedInformerFactory(meta, 0)
 	svc := factory.Core().V1().Services().Informer()
@@ -124,6 +139,9 @@ func main() {
 		}
 	}
 	if err := r.watchStamps(slices); err != nil {
+		fail("informer endpointslices: %v", err)
+	}
+	if err := r.resolveAtEvents(slices, pods.GetIndexer()); err != nil {
 		fail("informer endpointslices: %v", err)
 	}
 
@@ -168,10 +186,89 @@ type resolver struct {
 	// The last stamp seen on each slice (namespace/name), and every new one with its arrival.
 	stamps  map[string]string
 	stamped [][2]int64
+	// At the event: addresses lost by service; each slice's service and resolved pods; when each
+	// (service, pod) was first held.
+	lost         map[string]int
+	held         map[string]sliceHeld
+	heldAt       map[string]map[string]int64
+	reportHeldAt bool
+}
+
+// sliceHeld is what a slice resolved at its last event.
+type sliceHeld struct {
+	service string
+	pods    []string
 }
 
 func newResolver() *resolver {
-	return &resolver{events: map[string]uint64{}, stamps: map[string]string{}}
+	return &resolver{
+		events: map[string]uint64{}, stamps: map[string]string{},
+		lost: map[string]int{}, held: map[string]sliceHeld{}, heldAt: map[string]map[string]int64{},
+	}
+}
+
+// resolveAtEvents resolves each slice's ready endpoints against the pod cache when its handler
+// runs, as Linkerd's destination does (see the package's docs).
+func (r *resolver) resolveAtEvents(slices cache.SharedIndexInformer, pods cache.Indexer) error {
+	resolve := func(obj any) {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return
+		}
+		service := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
+		now := time.Now().UnixMilli()
+		var held, lost []string
+		for _, ep := range s.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			ns := ep.TargetRef.Namespace
+			if ns == "" {
+				ns = s.Namespace
+			}
+			pod := ns + "/" + ep.TargetRef.Name
+			if _, found, _ := pods.GetByKey(pod); found {
+				held = append(held, pod)
+			} else {
+				lost = append(lost, pod)
+			}
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.held[s.Namespace+"/"+s.Name] = sliceHeld{service: service, pods: held}
+		if len(lost) > 0 {
+			r.lost[service] += len(lost)
+			fmt.Fprintf(os.Stderr, "lost at the event of %s/%s: %v\n", s.Namespace, s.Name, lost)
+		}
+		at := r.heldAt[service]
+		if at == nil {
+			at = map[string]int64{}
+			r.heldAt[service] = at
+		}
+		for _, p := range held {
+			if _, ok := at[p]; !ok {
+				at[p] = now
+			}
+		}
+	}
+	_, err := slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    resolve,
+		UpdateFunc: func(_, obj any) { resolve(obj) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				r.mu.Lock()
+				delete(r.held, s.Namespace+"/"+s.Name)
+				r.mu.Unlock()
+			}
+		},
+	})
+	return err
 }
 
 // watchStamps records the arrival of each new stamp on a slice.
@@ -242,6 +339,24 @@ func (r *resolver) report(start time.Time, all map[string]cache.SharedIndexInfor
 		rep.Events[k] = v
 	}
 	rep.Stamped = append([][2]int64{}, r.stamped...)
+	rep.LostAtEventByService = map[string]int{}
+	for k, v := range r.lost {
+		rep.LostAtEventByService[k] = v
+	}
+	rep.HeldByService = map[string]int{}
+	for _, h := range r.held {
+		rep.HeldByService[h.service] += len(h.pods)
+	}
+	rep.HeldAt = map[string]map[string]int64{}
+	for svc, at := range r.heldAt {
+		if !r.reportHeldAt {
+			break
+		}
+		rep.HeldAt[svc] = map[string]int64{}
+		for p, t := range at {
+			rep.HeldAt[svc][p] = t
+		}
+	}
 	r.mu.Unlock()
 	kinds := make([]string, 0, len(all))
 	for k := range all {
