@@ -49,6 +49,10 @@ pub struct Faults {
     pub hang_watches: AtomicBool,
     /// While set, a list (a GET that is not a watch) sends half its body, then hangs forever.
     pub hang_lists: AtomicBool,
+    /// While set, every request but `/version` is refused with 403 Forbidden, as an API server
+    /// refuses credentials whose RBAC was taken away (`/version` is anyone's to read); watches
+    /// under way go on, as the API server's do.
+    pub refuse: AtomicBool,
     /// While set, `limit` is taken off every request, so lists come whole in one body (an API
     /// server may ignore `limit`, and serves lists from its cache that way).
     pub strip_limit: AtomicBool,
@@ -204,6 +208,9 @@ async fn forward(
     client: Client<HttpConnector, Full<Bytes>>,
 ) -> Result<hyper::Response<Body>, Infallible> {
     faults.requests.fetch_add(1, Ordering::Relaxed);
+    if faults.refuse.load(Ordering::Relaxed) && req.uri().path() != "/version" {
+        return Ok(forbidden());
+    }
     let base = target.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let watching = req
         .uri()
@@ -268,6 +275,18 @@ fn without_limit(path_and_query: &str) -> String {
         .filter(|kv| !kv.starts_with("limit="))
         .collect();
     format!("{path}?{}", kept.join("&"))
+}
+
+/// 403 with the Status an API server sends when RBAC lets the caller do nothing.
+fn forbidden() -> hyper::Response<Body> {
+    let status = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden: User \"floodgate\" cannot list resource","reason":"Forbidden","code":403}"#;
+    let mut r = hyper::Response::new(Full::new(Bytes::from(status)).map_err(Into::into).boxed());
+    *r.status_mut() = hyper::StatusCode::FORBIDDEN;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 fn bad_gateway(msg: String) -> hyper::Response<Body> {

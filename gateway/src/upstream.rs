@@ -353,6 +353,7 @@ pub fn start(
     }
     tasks.spawn(tracing::Instrument::in_current_span(health::probe(
         remote.client.clone(),
+        remote.selector.clone(),
         counters.clone(),
     )));
     Upstream {

@@ -11,14 +11,17 @@
 //!
 //! Nor can an open watch say that the remote is gone: a kube-apiserver stopped gracefully (a
 //! rolling upgrade, a drained node) stops listening at once but keeps its open watches about
-//! 60 s, sending nothing on them (58 s measured). So while the remote counts as reachable,
-//! [`probe`] asks for `/version` every [`LIVENESS_EVERY`] too, on a connection of the client's
-//! pool (an idle one the server keeps, or a new one: a stopping server closes its idle ones),
-//! and marks the remote unreachable when it is refused or not answered within
-//! [`LIVENESS_TIMEOUT`]: `Degraded` within about 6 s, whatever the open watches do. Behind a
-//! balancer, another server answers and the link stays `Healthy`.
+//! 60 s, sending nothing on them (58 s measured); nor does a remote that revokes our RBAC end
+//! the watches it allowed. So while the remote counts as reachable, [`probe`] lists one
+//! selected Service (metadata only, `limit=1`) every [`LIVENESS_EVERY`], on a connection of
+//! the client's pool (an idle one the server keeps, or a new one: a stopping server closes its
+//! idle ones), and marks the remote unreachable when it refuses (our credentials, or the
+//! connection) or does not answer within [`LIVENESS_TIMEOUT`]: `Degraded` within about 6 s,
+//! whatever the open watches do. Behind a balancer, another server answers and the link stays
+//! `Healthy`.
 
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::Client;
@@ -28,7 +31,8 @@ use tokio::time::Instant;
 /// How often an unreachable remote is asked whether it is back.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 
-/// How often a remote that counts as reachable is asked whether it still answers new requests.
+/// How often a remote that counts as reachable is asked whether it still answers new requests
+/// and still lets us read.
 pub const LIVENESS_EVERY: Duration = Duration::from_secs(3);
 
 /// How long a liveness probe waits for its answer: a remote that answers takes milliseconds,
@@ -186,9 +190,16 @@ impl Health {
 
 /// Runs for the life of an upstream: while the remote is marked unreachable, asks it for
 /// `/version` every [`PROBE_EVERY`] and clears the mark once it answers and the watchers are
-/// quiet; while it counts as reachable, asks every [`LIVENESS_EVERY`] and marks it unreachable
-/// when it does not answer (see the module's docs).
-pub(super) async fn probe(client: Client, health: std::sync::Arc<super::UpstreamCounters>) {
+/// quiet; while it counts as reachable, lists one Service of `selector` every
+/// [`LIVENESS_EVERY`] and marks it unreachable when it refuses or does not answer (see the
+/// module's docs).
+pub(super) async fn probe(
+    client: Client,
+    selector: String,
+    health: std::sync::Arc<super::UpstreamCounters>,
+) {
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> = kube::Api::all(client.clone());
+    let one = kube::api::ListParams::default().labels(&selector).limit(1);
     let mut changes = health.health.subscribe();
     loop {
         if changes.borrow_and_update().is_none() {
@@ -202,30 +213,19 @@ pub(super) async fn probe(client: Client, health: std::sync::Arc<super::Upstream
                 }
                 () = timer => {}
             }
-            let asked = tokio::time::timeout(LIVENESS_TIMEOUT, client.apiserver_version()).await;
-            match asked {
-                Ok(Ok(_)) => {}
+            let asked = tokio::time::timeout(LIVENESS_TIMEOUT, services.list_metadata(&one)).await;
+            let failure = match asked {
+                Ok(Ok(_)) => continue,
                 Ok(Err(e)) => match super::fault::refusal(&e) {
                     Some(s) => {
-                        health
-                            .refusals
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        health
-                            .health
-                            .failed(super::fault::refused(s, "asking for /version"));
+                        health.refusals.fetch_add(1, Ordering::Relaxed);
+                        super::fault::refused(s, "listing services")
                     }
-                    None => {
-                        health
-                            .health
-                            .failed(format_args!("asking for /version: {e}"));
-                    }
+                    None => format!("listing services: {e}"),
                 },
-                Err(_) => {
-                    health.health.failed(format_args!(
-                        "asking for /version: no answer within {LIVENESS_TIMEOUT:?}"
-                    ));
-                }
-            }
+                Err(_) => format!("listing services: no answer within {LIVENESS_TIMEOUT:?}"),
+            };
+            health.health.failed(failure);
             continue;
         }
         tokio::time::sleep(PROBE_EVERY).await;
