@@ -152,11 +152,16 @@ pub struct Counters {
     pub endpoints_truncated: u64,
     /// Pods asked for with [`Effect::FetchPods`].
     pub pods_fetched: u64,
+    /// Watch events of pods the pod watcher skipped, counted against the rates of the
+    /// services that serve their ReplicaSet's pods ([`Engine::skipped`]).
+    pub skipped_events: u64,
 }
 
 /// What the engine counts itself (the rest comes from its parts).
 #[derive(Clone, Copy, Debug, Default)]
 struct Ingested {
+    /// Skipped pod events counted against a service's rate ([`Engine::skipped`]).
+    skipped: u64,
     upstream: u64,
     relevant: u64,
     irrelevant: u64,
@@ -311,6 +316,7 @@ impl Engine {
             endpoints_published: p.endpoints_published,
             endpoints_truncated: p.endpoints_truncated,
             pods_fetched: p.pods_fetched,
+            skipped_events: i.skipped,
         }
     }
 

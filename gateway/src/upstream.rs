@@ -65,8 +65,8 @@ use self::health::Health;
 use self::strategy::ListStrategy;
 use self::watch::{Gate, Watch};
 use crate::churn::Change;
-use crate::model::Kind;
 use crate::model::wanted::WantedPods;
+use crate::model::{Kind, NsName};
 
 /// One message from upstream.
 #[derive(Debug)]
@@ -102,6 +102,10 @@ pub struct UpstreamCounters {
     pub health: Health,
     /// Pod events not decoded because no one wants the pod ([`wanted`]).
     pub pods_skipped: AtomicU64,
+    /// Of those, the watch events (not a list's) of pods a ReplicaSet controls, by ReplicaSet,
+    /// until the link's task takes them ([`Self::take_skipped`]): still churn of the services
+    /// that serve that ReplicaSet's pods.
+    pub skipped_by_owner: std::sync::Mutex<std::collections::HashMap<NsName, u64>>,
     /// Resource watchers running against the remote now (one per resource while this process
     /// reads the remote; none while it follows a Lease holder, is quarantined or stopped).
     pub watchers: AtomicU64,
@@ -116,7 +120,38 @@ pub struct UpstreamCounters {
     pub touched: tokio::sync::Notify,
 }
 
+/// ReplicaSets whose skipped pod events are counted between two takes: a remote with more
+/// churning ReplicaSets in one second than this is counted for the first ones only (a map
+/// entry is about 60 bytes).
+pub const SKIPPED_OWNERS_MAX: usize = 4096;
+
 impl UpstreamCounters {
+    /// A watch event of a pod nobody wants, controlled by ReplicaSet `owner`.
+    pub fn skipped(&self, owner: NsName) {
+        let mut by = self
+            .skipped_by_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let full = by.len() >= SKIPPED_OWNERS_MAX;
+        match by.get_mut(&owner) {
+            Some(n) => *n += 1,
+            None if !full => {
+                by.insert(owner, 1);
+            }
+            None => {}
+        }
+    }
+
+    /// The skipped pod events counted since the last take, by ReplicaSet.
+    pub fn take_skipped(&self) -> std::collections::HashMap<NsName, u64> {
+        std::mem::take(
+            &mut *self
+                .skipped_by_owner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
+    }
+
     /// Says that something was counted (or is about to be): the link publishes its state
     /// again within [`crate::link`]'s state refresh (a second).
     pub fn touch(&self) {

@@ -169,6 +169,26 @@ impl Engine {
         }
     }
 
+    /// `n` watch events of pods the pod watcher skipped (no kept endpoint names them), whose
+    /// controller is ReplicaSet `rs`: still churn, of each service that serves pods of that
+    /// ReplicaSet (a crash loop's pods beyond the cap are the flood itself). Counted against
+    /// those services' own rates (not the link's): a flood under `endpointsPerService` is
+    /// contained by its event rate even when most of its events reach no consumer.
+    pub fn skipped(&mut self, rs: &NsName, n: u64, now: Instant) {
+        if self.machine.is_frozen() || n == 0 {
+            return;
+        }
+        let mut services: Vec<NsName> = (self.store.pods_of_replicaset(rs))
+            .flat_map(|pod| self.publisher.wanting(pod).iter().cloned())
+            .collect();
+        services.sort();
+        services.dedup();
+        for svc in services {
+            self.ingested.skipped += n;
+            self.record_churn(&svc, n as usize, now);
+        }
+    }
+
     /// Records a change of `svc` that changed `endpoints` endpoints against its rate, and
     /// contains the service if it floods on its own. Returns whether the change counts towards
     /// the link's rate (not when the service is held or over its own threshold).

@@ -326,6 +326,11 @@ impl Store {
         self.pods.get(id)
     }
 
+    /// The pods held that ReplicaSet `rs` controls.
+    pub fn pods_of_replicaset(&self, rs: &NsName) -> impl Iterator<Item = &NsName> {
+        self.rs_pods.get(rs).into_iter().flatten()
+    }
+
     /// A ReplicaSet's metadata, if held.
     pub fn replicaset(&self, id: &NsName) -> Option<&Arc<ObjectMeta>> {
         self.replicasets.get(id)

@@ -223,6 +223,9 @@ impl<W: Wire> LinkTask<W> {
             Happened::Rearmed => self.counts_wake_at = None,
         }
         let now = Instant::now();
+        for (rs, n) in self.counters.take_skipped() {
+            self.engine.skipped(&rs, n, now);
+        }
         self.next_wake = self.engine.poll(now);
         self.log_first_sync(now);
         for effect in self.engine.take_effects() {

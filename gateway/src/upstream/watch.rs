@@ -129,7 +129,7 @@ impl Watch<'_> {
             move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w),
             |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p).into()))),
             gate,
-            Some(wanted),
+            Some((wanted, Wire::skipped_owner)),
         );
     }
 
@@ -199,7 +199,8 @@ impl Watch<'_> {
 
     /// Spawns the watcher of `kind`: `make` builds its stream from a configuration (`base` with
     /// the list strategy in force), `admit` turns its objects into the engine's, `gate` orders
-    /// its start, and `wanted` (pods) says which objects are worth decoding.
+    /// its start, and `wanted` (pods) says which objects are worth decoding, and how to read a
+    /// skipped one's ReplicaSet.
     #[allow(clippy::too_many_arguments)]
     fn spawn<W, S, F>(
         &self,
@@ -209,7 +210,7 @@ impl Watch<'_> {
         make: F,
         admit: fn(W) -> Result<Object, Refused>,
         gate: Gate,
-        wanted: Option<WantedPods>,
+        wanted: Option<Skipping<W>>,
     ) where
         W: kube::Resource + Send + 'static,
         S: Stream<Item = watcher::Result<Event<W>>> + Send + 'static,
@@ -236,11 +237,15 @@ impl Watch<'_> {
         // In the link's span (the caller's), so every line a watcher logs names its link.
         let span = tracing::Span::current();
         tasks.spawn(tracing::Instrument::instrument(
-            wire::WANTED.scope(wanted, run),
+            wire::WANTED.scope(wanted.map(|(w, _)| w), run),
             span,
         ));
     }
 }
+
+/// What a pod watcher skips: the pods nobody wants, and how to read a skipped one's
+/// ReplicaSet ([`Wire::skipped_owner`]).
+type Skipping<W> = (WantedPods, fn(&W) -> Option<&str>);
 
 /// A watcher's stream, as [`Watcher::open`] builds it: kube-rs's, with [`WATCH_BACKOFF`].
 type Watching<S> = Pin<Box<StreamBackoff<S, ResetTimerBackoff<ExponentialBackoff>>>>;
@@ -255,8 +260,8 @@ struct Watcher<W, F> {
     base: watcher::Config,
     make: F,
     admit: fn(W) -> Result<Object, Refused>,
-    /// Pods only: the ones worth decoding.
-    wanted: Option<WantedPods>,
+    /// Pods only: the ones worth decoding, and how to read a skipped one's ReplicaSet.
+    wanted: Option<Skipping<W>>,
     counters: Arc<UpstreamCounters>,
     strategy: ListStrategy,
     /// A first list completed: an error from then on is no refusal of streaming lists.
@@ -333,6 +338,7 @@ where
     /// refused (logged and counted).
     fn change(&mut self, event: Event<W>) -> Option<Change> {
         let kind = self.kind;
+        let live = matches!(event, Event::Apply(_));
         match event {
             Event::Init => {
                 self.counters.relists.fetch_add(1, Ordering::Relaxed);
@@ -340,11 +346,16 @@ where
             }
             // managedFields and the upstream resourceVersion are dropped by the engine.
             Event::InitApply(w) | Event::Apply(w) => {
-                if let Some(wanted) = &self.wanted {
+                if let Some((wanted, owner_of)) = &self.wanted {
                     let m = w.meta();
                     let (ns, name) = (m.namespace.as_deref(), m.name.as_deref());
                     if !wanted.contains(ns.unwrap_or_default(), name.unwrap_or_default()) {
                         self.counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
+                        // A list is state, a watch event churn: counted for its service.
+                        if live && let Some(owner) = owner_of(&w) {
+                            let ns = ns.unwrap_or_default();
+                            self.counters.skipped(NsName::new(ns, owner));
+                        }
                         return None;
                     }
                 }

@@ -40,6 +40,9 @@ pub struct Wire<K> {
     metadata: OnceLock<Box<ObjectMeta>>,
     /// `None` when the object was not wanted as it was decoded ([`WANTED`]).
     json: Option<Box<str>>,
+    /// A skipped object's controller, when a ReplicaSet: its churn is still its service's
+    /// ([`Wire::skipped_owner`]).
+    owner: Option<Box<str>>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -79,6 +82,12 @@ impl<K> Wire<K> {
     pub fn is_skipped(&self) -> bool {
         self.json.is_none()
     }
+
+    /// The ReplicaSet that controls a skipped object, if one does: the pod watcher counts a
+    /// skipped pod's event as churn of the services that serve that ReplicaSet's pods.
+    pub fn skipped_owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
 }
 
 impl<K: DeserializeOwned> Wire<K> {
@@ -106,6 +115,19 @@ struct HeadMeta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
+    #[serde(default)]
+    owner_references: Vec<HeadOwner>,
+}
+
+/// An owner reference, as far as [`Wire::skipped_owner`] reads it.
+#[derive(Deserialize)]
+struct HeadOwner {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    controller: Option<bool>,
 }
 
 impl<'de, K> Deserialize<'de> for Wire<K> {
@@ -131,12 +153,20 @@ impl<'de, K> Deserialize<'de> for Wire<K> {
                 })
             })
             .unwrap_or(true);
+        let owner = (!wanted)
+            .then(|| {
+                (meta.owner_references.into_iter())
+                    .find(|o| o.controller == Some(true) && o.kind == "ReplicaSet")
+                    .map(|o| o.name.into_boxed_str())
+            })
+            .flatten();
         Ok(Self {
             name,
             namespace,
             resource_version: boxed(meta.resource_version),
             metadata: OnceLock::new(),
             json: wanted.then_some(json),
+            owner,
             kind: PhantomData,
         })
     }
@@ -151,6 +181,7 @@ impl<K> Clone for Wire<K> {
             resource_version: self.resource_version.clone(),
             metadata: self.metadata.clone(),
             json: self.json.clone(),
+            owner: self.owner.clone(),
             kind: PhantomData,
         }
     }
@@ -219,7 +250,7 @@ mod tests {
     use super::*;
     use crate::model::wanted::PodHash;
 
-    const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-0","namespace":"prod","resourceVersion":"42","labels":{"app":"web"}},"spec":{"containers":[{"name":"app","image":"web:1"}]},"status":{"podIP":"10.0.0.7"}}"#;
+    const POD: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-0","namespace":"prod","resourceVersion":"42","labels":{"app":"web"},"ownerReferences":[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"web-rs","uid":"u1","controller":true}]},"spec":{"containers":[{"name":"app","image":"web:1"}]},"status":{"podIP":"10.0.0.7"}}"#;
 
     /// The pod of a MODIFIED watch frame.
     fn modified(line: &str) -> Wire<Pod> {
@@ -310,6 +341,16 @@ mod tests {
         assert_eq!(kept.json(), POD);
         assert!(skipped.is_skipped());
         assert_eq!(skipped.name_any(), "web-1", "its identity stays");
+        assert_eq!(
+            skipped.skipped_owner(),
+            Some("web-rs"),
+            "and its ReplicaSet"
+        );
+        assert_eq!(
+            kept.skipped_owner(),
+            None,
+            "a kept pod's is read when it is decoded"
+        );
         assert_eq!(skipped.resource_version().as_deref(), Some("42"));
         assert_eq!(skipped.bytes(), 0);
         assert!(skipped.decode().is_err(), "nothing left to decode");
