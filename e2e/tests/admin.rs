@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use floodgate_e2e::admin;
-use floodgate_e2e::drivers::Cluster;
+use floodgate_e2e::drivers::{CONTROLLER_LAG, Cluster};
 use floodgate_e2e::gateway::Stack;
 use floodgate_e2e::sim::SimStore;
 use floodgate_e2e::until;
@@ -354,16 +354,24 @@ async fn the_publication_delay_histogram_agrees_with_the_consumer() {
     tokio::time::sleep(quiet).await;
     let before = delay_buckets(&metrics().await);
     for _ in 0..10 {
-        let stamp = now_ms();
-        // The stamp rides on the slice's next rewrite: a pod of the service rolled.
-        cluster.annotate_slices("web", STAMP, Some(&stamp.to_string()));
-        cluster.roll_pod("web", 0);
+        // The stamp rides on the slice's next rewrite: a pod of the service rolled, in a real
+        // cluster's order (the pod, then the slice naming its new address: each published at
+        // once, as it comes; written at once, the two would go out as one update, the slice a
+        // lead after the pod, and the histogram would not know which half the consumer saw).
+        let mut stamp = 0;
+        cluster
+            .roll_pod_in_order("web", 0, CONTROLLER_LAG, |c| {
+                stamp = now_ms();
+                c.annotate_slices("web", STAMP, Some(&stamp.to_string()));
+            })
+            .await;
         until(10, "the consumer receives the change", async || {
             seen.lock().expect("lock").iter().any(|(s, _)| *s == stamp)
         })
         .await;
-        // Each change after a quiet service: published at its leading edge.
-        tokio::time::sleep(quiet + std::time::Duration::from_millis(50)).await;
+        // Each change after a quiet service, its three updates (pod, slice, Endpoints) within
+        // the service's budget (5 a second): published at its leading edge.
+        tokio::time::sleep(quiet + std::time::Duration::from_millis(600)).await;
     }
     let after = delay_buckets(&metrics().await);
     consumer.abort();

@@ -130,6 +130,38 @@ impl Cluster {
         self.services.insert(name.to_owned(), svc);
     }
 
+    /// A rollout step in a real cluster's order: pod `i` gets a new address, written first;
+    /// `lag` later `before_slice` runs (a test stamps the slice there) and the slice naming the
+    /// new address is written.
+    pub async fn roll_pod_in_order(
+        &mut self,
+        name: &str,
+        i: usize,
+        lag: Duration,
+        before_slice: impl FnOnce(&mut Self),
+    ) {
+        let Some(mut svc) = self.services.remove(name) else {
+            return;
+        };
+        if i < svc.pods.len() {
+            let ip = self.next_ip;
+            self.next_ip += 1;
+            svc.pods[i].ip = format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+            self.store.apply([self.pod(name, &svc.pods[i])]);
+            // The service's model goes back for `before_slice`, which may annotate it.
+            self.services.insert(name.to_owned(), svc);
+            tokio::time::sleep(lag).await;
+            before_slice(self);
+            let Some(mut svc) = self.services.remove(name) else {
+                return;
+            };
+            self.sync(name, &mut svc, &BTreeSet::from([i / SLICE_SIZE]));
+            self.services.insert(name.to_owned(), svc);
+            return;
+        }
+        self.services.insert(name.to_owned(), svc);
+    }
+
     /// The key of pod `p` of service `name`.
     pub(super) fn pod_key(&self, name: &str, p: &PodModel) -> ObjKey {
         ObjKey {

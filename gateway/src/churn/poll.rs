@@ -82,6 +82,13 @@ impl Engine {
                 break;
             };
             self.publish(&g, now, true);
+            if self.publisher.is_awaiting(&g) {
+                // Nothing went out: the tokens taken pay for the publication once it is ready.
+                self.schedule.prepay(&g);
+            } else {
+                let within = self.publisher.out_within(&g, now);
+                self.schedule.published(&g, now, within);
+            }
         }
         earliest([
             self.schedule.next_wake(),
@@ -121,10 +128,7 @@ impl Engine {
         if let Some(fetch) = fetch {
             self.effects.push(Effect::FetchPods(fetch));
         }
-        if self.publisher.is_awaiting(g) {
-            // Nothing went out: the tokens taken pay for the publication once it is ready.
-            self.schedule.prepay(g);
-        }
+
         let gone = match g {
             Group::Service(svc) => self.store.service(svc).is_none(),
             Group::Servers(ns) => self.store.servers_in(ns).is_empty(),

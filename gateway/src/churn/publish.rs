@@ -395,6 +395,15 @@ impl Publisher {
         tails.chain(waits).min()
     }
 
+    /// How long after `now` a group's last publication is out whole: its stages still to
+    /// apply, a [`stages::LEAD`] each at most.
+    pub fn out_within(&self, g: &Group, now: Instant) -> Duration {
+        self.tails.get(g).map_or(Duration::ZERO, |t| {
+            let later = t.stages.len().saturating_sub(1) as u32;
+            t.due.saturating_duration_since(now) + stages::LEAD * later
+        })
+    }
+
     /// Until when a group's last publication still has stages to apply: it is not published
     /// again before.
     pub fn busy_until(&self, g: &Group) -> Option<Instant> {

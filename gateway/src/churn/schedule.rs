@@ -232,6 +232,18 @@ impl Scheduler {
         }
     }
 
+    /// The group's publication reaches consumers `within` from `now` (its later stages): the
+    /// changes it carries waited from their first until then (one that waited for what its
+    /// consumers look up, [`Self::prepay`], is recorded when it goes out).
+    pub fn published(&mut self, g: &Group, now: Instant, within: Duration) {
+        if let Some(st) = self.groups.get_mut(g)
+            && let Some(since) = st.waiting_since.take()
+        {
+            self.delays
+                .record(now.saturating_duration_since(since) + within);
+        }
+    }
+
     /// The group's last publication, its tokens taken, waited and published nothing: its next
     /// one takes no tokens, so a wait costs the budget nothing.
     pub fn prepay(&mut self, g: &Group) {
@@ -346,9 +358,6 @@ impl Scheduler {
                 *link_token = false;
             }
             st.slot = Slot::Idle;
-            if let Some(since) = st.waiting_since.take() {
-                self.delays.record(now.saturating_duration_since(since));
-            }
             self.queued -= 1;
             return Some(g);
         }

@@ -200,8 +200,11 @@ impl Remote {
             let mut current = of_service(&published(e), svc);
             // Frozen are its endpoints; its pods are kept current (guarantee 7).
             current.retain(|k, _| !matches!(k.kind, Kind::Pod | Kind::ReplicaSet));
-            // Taken once its publication is whole: a Service enters after its slices.
-            let whole = current.keys().any(|k| k.kind == Kind::Service);
+            // Taken once its publication is whole: a Service enters after its slices, and a
+            // publication's later stages go out after its first.
+            let g = crate::model::Group::Service(NsName::new("ns", svc));
+            let whole = current.keys().any(|k| k.kind == Kind::Service)
+                && e.publisher.busy_until(&g).is_none();
             match snap {
                 None if whole => *snap = Some(current),
                 Some(before) => assert_eq!(&current, before, "contained {svc} changed"),
