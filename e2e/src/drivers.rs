@@ -166,17 +166,19 @@ impl Cluster {
         self.store.apply([Object::Service(Arc::new(svc))]);
     }
 
+    /// The next pod address, 10.x.y.z, never given before.
+    fn next_address(&mut self) -> String {
+        let ip = self.next_ip;
+        self.next_ip += 1;
+        format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255)
+    }
+
     /// Adds pods to `svc` up to `replicas` (`ready` or not); returns the slices they land in.
     fn grow(&mut self, svc: &mut ServiceModel, replicas: usize, ready: bool) -> BTreeSet<usize> {
         let mut changed = BTreeSet::new();
         while svc.pods.len() < replicas {
-            let ip = self.next_ip;
-            self.next_ip += 1;
-            svc.pods.push(PodModel::new(
-                svc.next_index,
-                format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255),
-                ready,
-            ));
+            let ip = self.next_address();
+            svc.pods.push(PodModel::new(svc.next_index, ip, ready));
             svc.next_index += 1;
             changed.insert((svc.pods.len() - 1) / SLICE_SIZE);
         }
@@ -243,9 +245,7 @@ impl Cluster {
             return;
         };
         if i < svc.pods.len() {
-            let ip = self.next_ip;
-            self.next_ip += 1;
-            svc.pods[i].ip = format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+            svc.pods[i].ip = self.next_address();
             let pod = self.pod(name, &svc.pods[i]);
             self.store.apply([pod]);
             self.sync(name, &mut svc, &BTreeSet::from([i / SLICE_SIZE]));

@@ -112,13 +112,7 @@ impl Cluster {
             return;
         };
         if i < svc.pods.len() {
-            let ip = self.next_ip;
-            self.next_ip += 1;
-            let new = PodModel::new(
-                svc.next_index,
-                format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255),
-                true,
-            );
+            let new = PodModel::new(svc.next_index, self.next_address(), true);
             svc.next_index += 1;
             self.store.apply([self.pod(name, &new)]);
             tokio::time::sleep(lag).await;
@@ -144,9 +138,7 @@ impl Cluster {
             return;
         };
         if i < svc.pods.len() {
-            let ip = self.next_ip;
-            self.next_ip += 1;
-            svc.pods[i].ip = format!("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+            svc.pods[i].ip = self.next_address();
             self.store.apply([self.pod(name, &svc.pods[i])]);
             // The service's model goes back for `before_slice`, which may annotate it.
             self.services.insert(name.to_owned(), svc);

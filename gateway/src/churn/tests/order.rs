@@ -179,11 +179,8 @@ fn endpoints(e: &Endpoints) -> Object {
     Object::Endpoints(Arc::new(EndpointsObject::from(e.clone())))
 }
 
-/// A service exported (or exported again) enters the view after its Endpoints, with a lead,
-/// however the remote's writes came: the Service first, its Endpoints a moment later. On the
-/// way out the Service goes first.
-#[tokio::test(start_paused = true)]
-async fn a_service_enters_after_its_endpoints_and_leaves_before_them() {
+/// An empty engine that follows the remote's Endpoints too, synced, and a consumer of it.
+fn following_endpoints() -> (Engine, Feeds) {
     let kinds = [
         Kind::Service,
         Kind::EndpointSlice,
@@ -197,7 +194,16 @@ async fn a_service_enters_after_its_endpoints_and_leaves_before_them() {
         e.ingest(Change::InitDone(k), now);
     }
     e.poll(now);
-    let mut feeds = Feeds::of(e.view());
+    let feeds = Feeds::of(e.view());
+    (e, feeds)
+}
+
+/// A service exported (or exported again) enters the view after its Endpoints, with a lead,
+/// however the remote's writes came: the Service first, its Endpoints a moment later. On the
+/// way out the Service goes first.
+#[tokio::test(start_paused = true)]
+async fn a_service_enters_after_its_endpoints_and_leaves_before_them() {
+    let (mut e, mut feeds) = following_endpoints();
     let (mut svc, mut eps) = selected("web");
     apply(&mut e, service(&svc));
     assert!(
@@ -236,20 +242,7 @@ async fn a_service_enters_after_its_endpoints_and_leaves_before_them() {
 /// is published after `AWAIT`; one without a selector (hand-made endpoints) at once.
 #[tokio::test(start_paused = true)]
 async fn a_service_without_its_endpoints_waits_a_while_only() {
-    let kinds = [
-        Kind::Service,
-        Kind::EndpointSlice,
-        Kind::Endpoints,
-        Kind::Pod,
-    ];
-    let now = Instant::now();
-    let mut e = Engine::new(&mk_spec(), &kinds, View::new(1, 1000), now);
-    for k in kinds {
-        e.ingest(Change::InitStart(k), now);
-        e.ingest(Change::InitDone(k), now);
-    }
-    e.poll(now);
-    let mut feeds = Feeds::of(e.view());
+    let (mut e, mut feeds) = following_endpoints();
     apply(&mut e, mk_service("plain", true));
     assert_eq!(
         polled(&mut e, &mut feeds),
