@@ -370,14 +370,24 @@ async fn a_dead_remote_is_degraded_and_back_quickly(outage: Duration) {
     .await;
 }
 
-/// The remote stops as a kube-apiserver sent SIGTERM does (a rolling upgrade, a drained node):
-/// it refuses new connections at once but keeps the open watches, silent, until it exits. The
-/// link says `Degraded` within 10 s (it trusted its open watches for 58 s before), serves its
-/// view meanwhile, and is `Healthy` again within 10 s of the remote's return, with a change made
-/// meanwhile served.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remote_stopping_gracefully_is_degraded_within_seconds() {
+/// How a remote goes away without dropping what it has open.
+#[derive(Clone, Copy, Debug)]
+enum Quietly {
+    /// Stopped as a kube-apiserver sent SIGTERM is (a rolling upgrade, a drained node): it
+    /// refuses new connections at once but keeps the open watches, silent, until it exits.
+    Stops,
+    /// It takes our RBAC away: every request but `/version` gets 403, the watches it allowed go
+    /// on, as an API server's do.
+    Refuses,
+}
+
+/// The remote goes away `how`: the link says `Degraded` within 10 s (it trusted its open
+/// watches for 58 s before), with a message that says what (`says`), and serves its view
+/// meanwhile; once the remote is back it is `Healthy` within 10 s, and a change made meanwhile
+/// is served.
+async fn a_remote_that_goes_away_quietly_is_degraded_within_seconds(how: Quietly, says: &str) {
     use floodgate_e2e::chaos::ChaosStack;
+    use std::sync::atomic::Ordering;
     let store = Arc::new(SimStore::new(49, 10_000));
     let mut cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
     let stack = ChaosStack::start(store.clone(), Stack::default_spec())
@@ -387,25 +397,33 @@ async fn a_remote_stopping_gracefully_is_degraded_within_seconds() {
     let slices = Api::<EndpointSlice>::all(stack.consumer().await.expect("client"));
     let mut events = slice_events(slices.clone()).await;
 
-    stack.chaos.stop_gracefully();
-    let stopped = tokio::time::Instant::now();
+    match how {
+        Quietly::Stops => stack.chaos.stop_gracefully(),
+        Quietly::Refuses => stack.chaos.faults.refuse.store(true, Ordering::Relaxed),
+    }
+    let gone = tokio::time::Instant::now();
     floodgate_e2e::until(10, "Degraded", async || {
         stack.link().phase == Phase::Degraded
     })
     .await;
-    eprintln!("Degraded {:?} after the graceful stop", stopped.elapsed());
+    eprintln!("{how:?}: Degraded {:?} after", gone.elapsed());
     let state = stack.link();
-    assert!(
-        state.message.contains("unreachable since"),
-        "{}",
-        state.message
-    );
+    assert!(state.message.contains(says), "{}", state.message);
+    if let Quietly::Refuses = how {
+        assert!(state.upstream.refusals >= 1, "counted");
+    }
     let served = slices.list(&ListParams::default()).await.expect("served");
     assert_eq!(served.items.len(), 2, "the view is served meanwhile");
+
     // Written while the remote is away: served once it is back.
     cluster.roll_pod("web", 0);
-    stack.chaos.kill();
-    stack.chaos.restart().await.expect("restart");
+    match how {
+        Quietly::Stops => {
+            stack.chaos.kill();
+            stack.chaos.restart().await.expect("restart");
+        }
+        Quietly::Refuses => stack.chaos.faults.refuse.store(false, Ordering::Relaxed),
+    }
     let back = tokio::time::Instant::now();
     let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
         .await
@@ -416,61 +434,22 @@ async fn a_remote_stopping_gracefully_is_degraded_within_seconds() {
         stack.link().phase == Phase::Healthy
     })
     .await;
-    eprintln!("Healthy {:?} after the return", back.elapsed());
+    eprintln!("{how:?}: Healthy {:?} after the return", back.elapsed());
 }
 
-/// The remote takes our RBAC away (every request but `/version` refused with 403; the watches
-/// it allowed go on, as an API server's do): the link says `Degraded` within 10 s, naming the
-/// refusal, counts it, and keeps serving its view; once the remote lets us read again it is
-/// `Healthy` within 10 s and a change made meanwhile is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_stopping_gracefully_is_degraded_within_seconds() {
+    a_remote_that_goes_away_quietly_is_degraded_within_seconds(Quietly::Stops, "unreachable since")
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_that_refuses_our_credentials_is_degraded_and_named() {
-    use floodgate_e2e::chaos::ChaosStack;
-    use std::sync::atomic::Ordering;
-    let store = Arc::new(SimStore::new(50, 10_000));
-    let mut cluster = Cluster::exported(store.clone(), &["web", "api"], 3);
-    let stack = ChaosStack::start(store.clone(), Stack::default_spec())
-        .await
-        .expect("stack");
-    assert_eq!(stack.link().phase, Phase::Healthy);
-    let slices = Api::<EndpointSlice>::all(stack.consumer().await.expect("client"));
-    let mut events = slice_events(slices.clone()).await;
-
-    stack.chaos.faults.refuse.store(true, Ordering::Relaxed);
-    let refused = tokio::time::Instant::now();
-    floodgate_e2e::until(10, "Degraded", async || {
-        stack.link().phase == Phase::Degraded
-    })
+    a_remote_that_goes_away_quietly_is_degraded_within_seconds(
+        Quietly::Refuses,
+        "the remote refuses our credentials (403 Forbidden)",
+    )
     .await;
-    eprintln!("Degraded {:?} after the refusal", refused.elapsed());
-    let state = stack.link();
-    assert!(
-        state
-            .message
-            .contains("the remote refuses our credentials (403 Forbidden)"),
-        "{}",
-        state.message
-    );
-    assert!(state.upstream.refusals >= 1, "counted");
-    let served = slices.list(&ListParams::default()).await.expect("served");
-    assert_eq!(served.items.len(), 2, "the view is held, never emptied");
-
-    cluster.roll_pod("web", 0);
-    stack.chaos.faults.refuse.store(false, Ordering::Relaxed);
-    let back = tokio::time::Instant::now();
-    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("the change made meanwhile within 10 s")
-        .expect("event");
-    assert_eq!(got, "apply web-00000");
-    floodgate_e2e::until(10, "Healthy again", async || {
-        stack.link().phase == Phase::Healthy
-    })
-    .await;
-    eprintln!(
-        "Healthy {:?} after the remote let us read again",
-        back.elapsed()
-    );
 }
 
 /// The scenario, 60 s down (`make e2e`).
