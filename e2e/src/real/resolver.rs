@@ -82,6 +82,10 @@ pub struct ResolverReport {
     /// when its handler first saw it, wall-clock ms.
     #[serde(default)]
     pub stamped: Vec<(u64, u64)>,
+    /// Addresses lost at a slice event (a ready endpoint whose pod the pod cache lacked when
+    /// the slice's handler ran, as Linkerd's destination resolves), by service.
+    #[serde(default)]
+    pub lost_at_event_by_service: BTreeMap<String, u64>,
 }
 
 impl ResolverReport {
@@ -96,6 +100,14 @@ impl ResolverReport {
             .iter()
             .find(|(s, _)| *s == stamp)
             .map(|(_, at)| *at)
+    }
+
+    /// Addresses lost at a slice event over the services `in_scope` accepts.
+    pub fn lost_at_event_where(&self, in_scope: impl Fn(&str) -> bool) -> u64 {
+        (self.lost_at_event_by_service.iter())
+            .filter(|(s, _)| in_scope(s))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Ready endpoints without their pod over the services `in_scope` accepts.

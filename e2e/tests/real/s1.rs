@@ -264,6 +264,23 @@ fn print_report(
         target: "0 calm; 0 flooder".into(),
         met: Some(calm_max(through) == 0 && flooder == 0),
     });
+    // As Linkerd's destination resolves: each ready endpoint's pod looked up when the slice's
+    // handler runs, a miss an address lost until the slice changes again.
+    let lost = |r: &Resolver| {
+        r.latest().map_or((0, 0), |l| {
+            let flooder = l.lost_at_event_where(|s| s == FLOODER);
+            (l.lost_at_event_where(is_calm), flooder)
+        })
+    };
+    let ((direct_calm, direct_flooder), (calm, flooder)) = (lost(direct), lost(through));
+    rows.push(Figure {
+        what: format!("S1 {name}: addresses lost at the slice event (calm; flooder)"),
+        direct: format!("{direct_calm}; {direct_flooder}"),
+        floodgate: format!("{calm}; {flooder}"),
+        ratio: String::new(),
+        target: "0 calm".into(),
+        met: Some(calm == 0),
+    });
     println!("\n{}\n", report::machine_line(&report::machine()));
     println!("{}", report::table(&rows));
 }

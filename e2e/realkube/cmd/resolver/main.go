@@ -141,7 +141,7 @@ func main() {
 	if err := r.watchStamps(slices); err != nil {
 		fail("informer endpointslices: %v", err)
 	}
-	if err := r.resolveAtEvents(slices, pods.GetIndexer()); err != nil {
+	if err := r.resolveAtEvents(slices, pods.GetIndexer(), func() bool { return slices.HasSynced() && pods.HasSynced() }); err != nil {
 		fail("informer endpointslices: %v", err)
 	}
 
@@ -208,8 +208,10 @@ func newResolver() *resolver {
 }
 
 // resolveAtEvents resolves each slice's ready endpoints against the pod cache when its handler
-// runs, as Linkerd's destination does (see the package's docs).
-func (r *resolver) resolveAtEvents(slices cache.SharedIndexInformer, pods cache.Indexer) error {
+// runs, as Linkerd's destination does (see the package's docs). Until both informers have
+// synced a miss is not counted: both list at once at the start, direct as through a gateway,
+// and Linkerd's destination resolves for a proxy only once its caches synced.
+func (r *resolver) resolveAtEvents(slices cache.SharedIndexInformer, pods cache.Indexer, synced func() bool) error {
 	resolve := func(obj any) {
 		s, ok := obj.(*discoveryv1.EndpointSlice)
 		if !ok {
@@ -239,7 +241,7 @@ func (r *resolver) resolveAtEvents(slices cache.SharedIndexInformer, pods cache.
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.held[s.Namespace+"/"+s.Name] = sliceHeld{service: service, pods: held}
-		if len(lost) > 0 {
+		if len(lost) > 0 && synced() {
 			r.lost[service] += len(lost)
 			fmt.Fprintf(os.Stderr, "lost at the event of %s/%s: %v\n", s.Namespace, s.Name, lost)
 		}
