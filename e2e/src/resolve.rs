@@ -73,31 +73,12 @@ impl Resolver {
         let mut out = Resolution::default();
         let mut missing: HashMap<(String, String), Instant> = HashMap::new();
         for slice in slices {
-            let meta = &slice.metadata;
-            let (Some(ns), Some(name)) = (
-                meta.namespace.as_deref(),
-                meta.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)),
-            ) else {
+            let Some((service, endpoints)) = ready_endpoints(slice) else {
                 continue;
             };
-            let service = format!("{ns}/{name}");
-            let ready = out.ready.entry(service.clone()).or_default();
-            for ep in slice.endpoints.iter().flatten() {
-                if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
-                    continue;
-                }
-                *ready += 1;
-                let Some(target) = ep.target_ref.as_ref() else {
-                    continue;
-                };
-                if target.kind.as_deref().is_some_and(|k| k != "Pod") {
-                    continue;
-                }
-                let pod_ns = target.namespace.as_deref().unwrap_or(ns);
-                let Some(pod) = target.name.as_deref() else {
-                    continue;
-                };
-                if has_pod(pod_ns, pod) {
+            *out.ready.entry(service.clone()).or_default() += endpoints.len() as u64;
+            for (pod_ns, pod) in endpoints.into_iter().flatten() {
+                if has_pod(&pod_ns, &pod) {
                     continue;
                 }
                 let key = (service.clone(), format!("{pod_ns}/{pod}"));
@@ -114,6 +95,30 @@ impl Resolver {
         self.first_seen = missing;
         out
     }
+}
+
+/// A pod named by an endpoint: its namespace and name.
+pub(crate) type PodRef = (String, String);
+
+/// A slice's service (`namespace/name`, by its `kubernetes.io/service-name` label) and, for
+/// each ready endpoint (`conditions.ready` true or unset), the pod (namespace, name) its
+/// `targetRef` names, `None` for one that names no pod. `None` for a slice of no service.
+pub(crate) fn ready_endpoints(slice: &EndpointSlice) -> Option<(String, Vec<Option<PodRef>>)> {
+    let meta = &slice.metadata;
+    let ns = meta.namespace.as_deref()?;
+    let name = meta.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    let endpoints = (slice.endpoints.iter().flatten())
+        .filter(|ep| ep.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .map(|ep| {
+            let target = ep.target_ref.as_ref()?;
+            if target.kind.as_deref().is_some_and(|k| k != "Pod") {
+                return None;
+            }
+            let pod_ns = target.namespace.as_deref().unwrap_or(ns);
+            Some((pod_ns.to_owned(), target.name.clone()?))
+        })
+        .collect();
+    Some((format!("{ns}/{name}"), endpoints))
 }
 
 /// What a scenario's run saw of `readyWithoutPodSettled`: the consumer behind Floodgate's

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use floodgate::model::SERVICE_NAME_LABEL;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -217,28 +216,12 @@ impl Seen {
     fn resolve(&mut self, slice: &EndpointSlice, now: Instant, judged: bool) {
         self.slice_events += 1;
         let meta = &slice.metadata;
-        let (Some(ns), Some(name)) = (
-            meta.namespace.as_deref(),
-            (meta.labels.as_ref()).and_then(|l| l.get(SERVICE_NAME_LABEL)),
-        ) else {
+        let Some((service, endpoints)) = super::ready_endpoints(slice) else {
             return;
         };
-        let service = format!("{ns}/{name}");
         let mut resolved = BTreeSet::new();
-        for ep in slice.endpoints.iter().flatten() {
-            if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
-                continue;
-            }
-            let Some(target) = ep.target_ref.as_ref() else {
-                continue;
-            };
-            if target.kind.as_deref().is_some_and(|k| k != "Pod") {
-                continue;
-            }
-            let Some(pod) = target.name.as_deref() else {
-                continue;
-            };
-            let pod = format!("{}/{pod}", target.namespace.as_deref().unwrap_or(ns));
+        for (pod_ns, pod) in endpoints.into_iter().flatten() {
+            let pod = format!("{pod_ns}/{pod}");
             if self.pods.contains(&pod) {
                 (self.resolved_at)
                     .entry((service.clone(), pod.clone()))
