@@ -16,9 +16,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use floodgate_e2e::drivers::{CONTROLLER_LAG, Cluster, EXPORTED};
-use floodgate_e2e::gateway::Stack;
+use floodgate_e2e::gateway::{Stack, client_from};
+use floodgate_e2e::replicas::Fleet;
 use floodgate_e2e::resolve::EventResolver;
 use floodgate_e2e::sim::SimStore;
+use floodgate_e2e::until;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::runtime::watcher;
@@ -71,7 +73,35 @@ async fn every_address_of_a_scale_up_reaches_a_consumer_that_resolves_at_the_eve
         .expect("stack");
     let via = EventResolver::start(stack.consumer().await.expect("consumer"));
     let direct = EventResolver::start(stack.direct().await.expect("direct"));
-    for r in [&via, &direct] {
+    shapes(&mut cluster, &via, &direct, "floodgate run").await;
+}
+
+/// The same shapes through a follower replica of `floodgate controller`: the follower
+/// republishes its holder's view, and the order holds there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_address_of_a_scale_up_reaches_a_consumer_of_a_follower_replica() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut fleet = Fleet::start(dir.path(), &["east"]).await.expect("fleet");
+    fleet.add_replica("floodgate-0").await.expect("floodgate-0");
+    until(30, "floodgate-0 holds the Lease", async || fleet.held_by(1)).await;
+    fleet.add_replica("floodgate-1").await.expect("floodgate-1");
+    fleet.all_serve(&["web"]).await.expect("both serve web");
+    fleet.cluster.scale_in_order("web", 3, CONTROLLER_LAG).await;
+    let holder = fleet.holders()[0].clone().expect("a holder");
+    let follower = if holder == "floodgate-0" {
+        "floodgate-1"
+    } else {
+        "floodgate-0"
+    };
+    let via = EventResolver::start(fleet.consumer(follower, "east").await.expect("consumer"));
+    let direct = EventResolver::start(client_from(&fleet.sim.kubeconfig()).await.expect("direct"));
+    shapes(&mut fleet.cluster, &via, &direct, "a follower replica").await;
+}
+
+/// Drives `web` (3 ready pods, or about to be) through the shapes, each step waited for on
+/// both consumers, and asserts what `via` lost and how late it was.
+async fn shapes(cluster: &mut Cluster, via: &EventResolver, direct: &EventResolver, path: &str) {
+    for r in [via, direct] {
         r.synced(WITHIN).await.expect("synced");
         r.wait_for("prod/web", &pods(0..3), WITHIN)
             .await
@@ -84,21 +114,21 @@ async fn every_address_of_a_scale_up_reaches_a_consumer_that_resolves_at_the_eve
         // cost, not `coalesce.quiet` (a burst of slice changes waits for it by design).
         tokio::time::sleep(Duration::from_millis(250)).await;
         cluster.scale_in_order("web", n, CONTROLLER_LAG).await;
-        let (t, d) = step(&via, &direct, &pods(0..n as u32), Instant::now()).await;
+        let (t, d) = step(via, direct, &pods(0..n as u32), Instant::now()).await;
         through.push(t);
         straight.push(d);
     }
     println!(
-        "scale-up 3 -> 10 one pod at a time: p99 {:?} through Floodgate, {:?} direct, from the slice's write",
+        "{path}: scale-up 3 -> 10 one pod at a time: p99 {:?} through Floodgate, {:?} direct, from the slice's write",
         p99(through.clone()),
         p99(straight.clone())
     );
     cluster.scale_in_order("web", 200, CONTROLLER_LAG).await;
-    let (t, d) = step(&via, &direct, &pods(0..200), Instant::now()).await;
-    println!("burst 10 -> 200: {t:?} through Floodgate, {d:?} direct");
+    let (t, d) = step(via, direct, &pods(0..200), Instant::now()).await;
+    println!("{path}: burst 10 -> 200: {t:?} through Floodgate, {d:?} direct");
     cluster.scale_in_order("web", 5, CONTROLLER_LAG).await;
-    let (t, d) = step(&via, &direct, &pods(0..5), Instant::now()).await;
-    println!("scale-down 200 -> 5: {t:?} through Floodgate, {d:?} direct");
+    let (t, d) = step(via, direct, &pods(0..5), Instant::now()).await;
+    println!("{path}: scale-down 200 -> 5: {t:?} through Floodgate, {d:?} direct");
     // A rolling update: pods 0..5 replaced one by one by pods 200.. (the driver's next names).
     let mut now = pods(0..5);
     for i in 0..5u32 {
@@ -107,14 +137,14 @@ async fn every_address_of_a_scale_up_reaches_a_consumer_that_resolves_at_the_eve
             .await;
         now.remove(&format!("prod/web-{i}"));
         now.insert(format!("prod/web-{}", 200 + i));
-        step(&via, &direct, &now, Instant::now()).await;
+        step(via, direct, &now, Instant::now()).await;
     }
 
     assert_eq!(direct.lost(), 0, "direct: {:?}", direct.lost_by_service());
     assert_eq!(
         via.lost(),
         0,
-        "through Floodgate, addresses lost at the slice event: {:?}",
+        "through {path}, addresses lost at the slice event: {:?}",
         via.lost_by_service()
     );
     assert!(
@@ -127,7 +157,7 @@ async fn every_address_of_a_scale_up_reaches_a_consumer_that_resolves_at_the_eve
     let (t, d) = (p99(through), p99(straight));
     assert!(
         t <= d + Duration::from_millis(50) + Duration::from_millis(100),
-        "a scale-up step took {t:?} through Floodgate, {d:?} direct"
+        "a scale-up step took {t:?} through {path}, {d:?} direct"
     );
 }
 
