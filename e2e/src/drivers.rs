@@ -287,6 +287,24 @@ impl Cluster {
         self.services.insert(name.to_owned(), svc);
     }
 
+    /// Deletes a service as its namespace's deletion does: the Service, then its slices and
+    /// Endpoints, its pods and its ReplicaSet.
+    pub fn delete_service(&mut self, name: &str) {
+        let Some(svc) = self.services.remove(name) else {
+            return;
+        };
+        let key = |kind, name: &str| ObjKey {
+            kind,
+            id: NsName::new(&self.namespace, name),
+        };
+        let mut keys = vec![key(Kind::Service, name)];
+        keys.extend((0..svc.slices).map(|n| key(Kind::EndpointSlice, &format!("{name}-{n:05}"))));
+        keys.push(key(Kind::Endpoints, name));
+        keys.extend((svc.pods.iter()).map(|p| key(Kind::Pod, &format!("{name}-{}", p.index))));
+        keys.push(key(Kind::ReplicaSet, &format!("{name}-rs")));
+        self.store.delete(keys);
+    }
+
     /// A service with `count` slices of `per_slice` endpoints and no pods behind them (the
     /// fixture of the LIST and fan-out benchmarks).
     pub fn static_slices(&mut self, name: &str, count: usize, per_slice: usize) {

@@ -213,6 +213,39 @@ impl RealKube {
         Ok(())
     }
 
+    /// Sends the API server SIGTERM (a rolling upgrade, a drained control-plane node): it stops
+    /// listening at once, keeps its open watches silent, and exits about a minute later.
+    pub fn terminate_apiserver(&self) -> anyhow::Result<()> {
+        let pid = self
+            .apiserver_pid()
+            .context("the API server is not running")?;
+        let ok = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        anyhow::ensure!(ok, "SIGTERM to kube-apiserver {pid}");
+        Ok(())
+    }
+
+    /// Waits up to `within` for the API server to exit (after [`Self::terminate_apiserver`]),
+    /// and reaps it.
+    pub async fn wait_apiserver_exit(&mut self, within: Duration) -> anyhow::Result<()> {
+        let mut child = self
+            .apiserver
+            .take()
+            .context("the API server is not running")?;
+        match tokio::time::timeout(within, child.wait()).await {
+            Ok(status) => {
+                status?;
+                Ok(())
+            }
+            Err(_) => {
+                child.kill().await?;
+                anyhow::bail!("kube-apiserver did not exit within {within:?}; killed")
+            }
+        }
+    }
+
     /// Whether `/readyz` answers `ok`.
     pub async fn ready(&self) -> bool {
         let Ok(client) = self.client().await else {

@@ -38,6 +38,7 @@ pub mod limit;
 mod poll;
 pub mod publish;
 pub mod quarantine;
+pub mod removal;
 pub mod restore;
 mod schedule;
 
@@ -54,6 +55,7 @@ use self::contain::{Contained, Containment};
 use self::flood::{FloodDetector, Trigger};
 use self::publish::Publisher;
 use self::quarantine::{Machine, RequestError, State, StateName, Transition};
+use self::removal::RemovalGuard;
 use self::schedule::Scheduler;
 use self::store::Store;
 use crate::model::{Group, Kind, NsName, ObjKey, Object};
@@ -199,6 +201,7 @@ pub struct Engine {
     schedule: Scheduler,
     publisher: Publisher,
     flood: FloodDetector,
+    removals: RemovalGuard,
     containment: Containment,
     machine: Machine,
     sync: Sync,
@@ -233,6 +236,7 @@ impl Engine {
                 spec.caps.max_services.into(),
             ),
             flood: FloodDetector::new(spec),
+            removals: RemovalGuard::new(spec),
             containment: Containment::new(spec),
             machine: Machine::new(
                 spec.quarantine.auto_release,
@@ -462,6 +466,7 @@ impl Engine {
                 self.sync.clear();
                 self.publisher.new_upstream();
                 self.flood.link.reset();
+                self.removals.reset();
                 self.containment.reset_rates();
                 self.schedule.clear();
             }

@@ -291,6 +291,25 @@ pub struct QuarantineWhen {
     #[serde(default = "default_contained_services")]
     #[schemars(range(min = 1))]
     pub contained_services: u32,
+    /// A link-wide removal: when, within `removedWithin`, the remote removes over this share
+    /// (in percent) of the services the link serves, or of their endpoints (services deleted,
+    /// unexported or emptied, slices deleted; a relist that comes back smaller counts the
+    /// same), the link is quarantined with its last view served. A removal that takes a
+    /// service out of the view (or empties it) waits until no other removal has come for 1 s
+    /// (at most `removedWithin`) before it is served, so the first removals of a mass removal
+    /// do not escape. 100 turns it off. Default: 50.
+    #[serde(default = "default_removed_share")]
+    #[schemars(range(min = 1, max = 100))]
+    pub removed_share: u32,
+    /// The fewest services a link-wide removal takes out (or empties) or takes endpoints
+    /// from: one service deleted, unexported or scaled to zero is never a link-wide removal,
+    /// however small the remote. Default: 2.
+    #[serde(default = "default_removed_services")]
+    #[schemars(range(min = 2))]
+    pub removed_services: u32,
+    /// The window over which removals add up. Default: `10s`.
+    #[serde(default = "default_removed_within")]
+    pub removed_within: KubeDuration,
 }
 
 impl Default for QuarantineWhen {
@@ -301,6 +320,9 @@ impl Default for QuarantineWhen {
             endpoints_per_service: default_endpoints_per_service(),
             service_events_per_second: default_service_events_per_second(),
             contained_services: default_contained_services(),
+            removed_share: default_removed_share(),
+            removed_services: default_removed_services(),
+            removed_within: default_removed_within(),
         }
     }
 }
@@ -323,6 +345,18 @@ fn default_service_events_per_second() -> u32 {
 
 fn default_contained_services() -> u32 {
     10
+}
+
+fn default_removed_share() -> u32 {
+    50
+}
+
+fn default_removed_services() -> u32 {
+    2
+}
+
+fn default_removed_within() -> KubeDuration {
+    KubeDuration::from_secs(10)
 }
 
 /// Opt-in release after a cool-down. When the re-check still sees a flood, the cool-down doubles,

@@ -6,6 +6,7 @@
 //! between thresholds, and label selector syntax.
 
 use std::fmt;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -165,6 +166,33 @@ pub fn validate(spec: &LinkSpec, prefix: &str) -> Result<(), ValidationErrors> {
             format!(
                 "{} is too short: use at least 1s so one burst cannot quarantine a link",
                 when.sustained_for
+            ),
+        );
+    }
+    if !(1..=100).contains(&when.removed_share) {
+        errs.add(
+            "quarantine.when.removedShare",
+            format!(
+                "{} is not a share in percent: use 1 to 100 (100 turns it off)",
+                when.removed_share
+            ),
+        );
+    }
+    if when.removed_services < 2 {
+        errs.add(
+            "quarantine.when.removedServices",
+            format!(
+                "{} would quarantine a link for one service deleted or scaled to zero: use at least 2",
+                when.removed_services
+            ),
+        );
+    }
+    if when.removed_within.get() < Duration::from_secs(1) {
+        errs.add(
+            "quarantine.when.removedWithin",
+            format!(
+                "{} is too short: removals wait up to this long to be counted together; use at least 1s",
+                when.removed_within
             ),
         );
     }

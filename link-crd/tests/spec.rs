@@ -235,6 +235,26 @@ fn every_validation_rule_reports_its_path() {
             "spec.quarantine.when.sustainedFor",
         ),
         (
+            "no removal share",
+            Box::new(|s| s.quarantine.when.removed_share = 0),
+            "spec.quarantine.when.removedShare",
+        ),
+        (
+            "removal share over 100",
+            Box::new(|s| s.quarantine.when.removed_share = 101),
+            "spec.quarantine.when.removedShare",
+        ),
+        (
+            "one service a removal",
+            Box::new(|s| s.quarantine.when.removed_services = 1),
+            "spec.quarantine.when.removedServices",
+        ),
+        (
+            "short removal window",
+            Box::new(|s| s.quarantine.when.removed_within = KubeDuration::from_millis(500)),
+            "spec.quarantine.when.removedWithin",
+        ),
+        (
             "trigger under cap",
             Box::new(|s| s.quarantine.when.endpoints_per_service = 999),
             "spec.quarantine.when.endpointsPerService",

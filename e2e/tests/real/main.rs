@@ -7,7 +7,9 @@
 //!   Floodgate;
 //! - [`s1`]: 10,000 crash-looping pods behind one exported service, the resolver direct and
 //!   through Floodgate side by side, reported in `make bench`'s S1 rows; a cold start during it;
-//! - [`outage`]: the API server SIGKILLed and restarted against the same etcd;
+//! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
+//!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
+//! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
 //!   ServiceAccount; the same with a verb it needs taken out of its Role;
 //! - [`replicas`]: two controller replicas: a command through the one without the Lease, a
@@ -21,6 +23,7 @@
 mod controller;
 mod drop_in;
 mod outage;
+mod removal;
 mod replicas;
 mod s1;
 

@@ -1,12 +1,13 @@
 //! The outage: the real API server SIGKILLed (it resets its connections and refuses new ones),
-//! down for 15 s, then started again against the same etcd.
+//! down for 15 s, then started again against the same etcd; and the same server sent SIGTERM,
+//! which stops listening at once but keeps its open watches silent until it exits.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use floodgate_e2e::admin;
 use floodgate_e2e::process::Floodgate;
-use floodgate_e2e::real::{RealKube, Resolver};
+use floodgate_e2e::real::{RealKube, Resolver, ResolverReport};
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::PostParams;
@@ -46,17 +47,24 @@ fn first(timeline: &Timeline, phase: &str, from: f64) -> Option<f64> {
         .map(|(at, _)| *at)
 }
 
+/// The real server with the calm services, Floodgate in front of it, a resolver through it
+/// once they are whole (and its report then), and a consumer's Services.
+async fn serving() -> (RealKube, Floodgate, Resolver, ResolverReport, Api<Service>) {
+    let kube = RealKube::start().await.expect("the real API server");
+    calm_services(&kube).await;
+    let fg = floodgate(&kube, spec()).await;
+    let (through, report) = resolver_whole(&kube, &fg, "through", 60).await;
+    let served: Api<Service> = Api::all(fg.consumer().await.expect("consumer client"));
+    (kube, fg, through, report, served)
+}
+
 /// Floodgate serves its view throughout; the link is `Degraded` within 10 s of the kill and
 /// `Healthy` within 10 s of the server's return (guarantee 8); a service created after the
 /// restart reaches a consumer through Floodgate within 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real API server: make test-real"]
 async fn outage_api_server_killed_and_restarted_against_the_same_etcd() {
-    let mut kube = RealKube::start().await.expect("the real API server");
-    calm_services(&kube).await;
-    let fg = floodgate(&kube, spec()).await;
-    let (mut through, before) = resolver_whole(&kube, &fg, "through", 60).await;
-    let served: Api<Service> = Api::all(fg.consumer().await.expect("consumer client"));
+    let (mut kube, fg, mut through, before, served) = serving().await;
 
     let t0 = Instant::now();
     let (timeline, task) = phase_timeline(&fg, t0);
@@ -113,6 +121,53 @@ async fn outage_api_server_killed_and_restarted_against_the_same_etcd() {
         degraded.is_some_and(|t| t <= 10.0),
         "Degraded within 10 s: {timeline:?}"
     );
+}
+
+/// SIGTERM, as a rolling upgrade sends it: the server stops listening but keeps every open
+/// watch, silent, for about a minute before it exits. The link is `Degraded` within 10 s of
+/// the SIGTERM (the liveness probe, not the watches, sees it), its view served throughout;
+/// `Healthy` within 10 s of the server's return, and a change made after it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real API server: make test-real"]
+async fn outage_api_server_stopped_gracefully_is_seen_within_seconds() {
+    let (mut kube, fg, mut through, _, served) = serving().await;
+
+    let t0 = Instant::now();
+    let (timeline, task) = phase_timeline(&fg, t0);
+    kube.terminate_apiserver().expect("SIGTERM");
+    floodgate_e2e::until(10, "the link Degraded after the SIGTERM", async || {
+        first(&timeline, "Degraded", 0.0).is_some()
+    })
+    .await;
+    let list = served.list(&Default::default()).await.expect("served");
+    assert_eq!(list.items.len(), CALM, "the view is served while Degraded");
+    kube.wait_apiserver_exit(Duration::from_secs(120))
+        .await
+        .expect("the API server exits");
+    let restarted = t0.elapsed().as_secs_f64();
+    kube.start_apiserver().await.expect("the API server again");
+    let ready = t0.elapsed().as_secs_f64();
+    floodgate_e2e::until(
+        10,
+        "the link Healthy after the server's return",
+        async || first(&timeline, "Healthy", restarted).is_some(),
+    )
+    .await;
+    let reached = change_after_the_restart(&kube, &served, &mut through).await;
+    task.abort();
+    let degraded = first(&timeline, "Degraded", 0.0);
+    let healthy = first(&timeline, "Healthy", restarted);
+    let timeline = timeline.lock().expect("timeline").clone();
+    println!(
+        "graceful stop: SIGTERM at 0 s, Degraded at {degraded:?} s; the server exited at {restarted:.1} s, ready again at {ready:.1} s, Healthy at {healthy:?} s"
+    );
+    println!(
+        "  a service created after the restart served through Floodgate in {:.2} s",
+        reached.as_secs_f64()
+    );
+    println!("  link phase timeline (s since the SIGTERM): {timeline:?}");
+    assert!(degraded.is_some_and(|t| t <= 10.0), "{timeline:?}");
+    assert!(healthy.is_some_and(|t| t - ready <= 10.0), "{timeline:?}");
 }
 
 /// A service created on the remote after its return: how long until Floodgate lists it, once

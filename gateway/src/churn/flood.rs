@@ -32,6 +32,8 @@ pub enum Reason {
     ObjectCount,
     /// More services were contained at once than `quarantine.when.containedServices`.
     ContainedServices,
+    /// The remote removed over `quarantine.when.removedShare` of what the link serves at once.
+    MassRemoval,
     /// An operator asked for it.
     Manual,
 }
@@ -45,6 +47,7 @@ impl Reason {
             Reason::ServiceEventRate => "ServiceEventRate",
             Reason::ObjectCount => "ObjectCount",
             Reason::ContainedServices => "ContainedServices",
+            Reason::MassRemoval => "MassRemoval",
             Reason::Manual => "Manual",
         }
     }
@@ -61,6 +64,7 @@ impl std::str::FromStr for Reason {
             Reason::ServiceEventRate,
             Reason::ObjectCount,
             Reason::ContainedServices,
+            Reason::MassRemoval,
             Reason::Manual,
         ]
         .into_iter()
@@ -115,6 +119,11 @@ impl Trigger {
             message: message.into(),
             figures: BTreeMap::new(),
         }
+    }
+
+    /// A link-wide removal ([`super::removal`]).
+    pub fn removal(message: String, figures: &[(&str, u64)]) -> Self {
+        Self::new(Reason::MassRemoval, message, figures)
     }
 
     /// More services contained at once than the link allows.

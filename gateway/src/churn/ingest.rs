@@ -136,6 +136,15 @@ impl Engine {
                 if churn {
                     link_counts |= self.record_churn(svc, touched.endpoints_changed, now);
                 }
+                if matches!(key.kind, Kind::Service | Kind::EndpointSlice) && self.sync.all() {
+                    // Measured once upstream has listed everything: a relist after a
+                    // quarantine fills an empty cache, service before slices.
+                    let upstream =
+                        (self.store.is_selected(svc)).then(|| self.store.endpoint_count(svc));
+                    if let Some(t) = self.removals.observe(svc, upstream, now) {
+                        self.trip(now, t);
+                    }
+                }
                 // At a slice change, and when the service itself arrives: its slices may have
                 // come first (each kind has its own watch), when it was not selected yet.
                 if matches!(key.kind, Kind::EndpointSlice | Kind::Service) {

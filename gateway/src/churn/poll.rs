@@ -41,6 +41,7 @@ impl Engine {
                 self.effects.push(Effect::Transition(t));
             }
         }
+        self.removals.tick(now);
         let all_synced = self.sync.all();
         // The later stages of publications made (pods lead their endpoints), and the groups
         // that waited for pods long enough.
@@ -55,6 +56,7 @@ impl Engine {
             self.flood.link.next_boundary(),
             expiry,
             self.publisher.next_deadline(),
+            self.removals.next_deadline(),
         ];
         if self.machine.is_frozen() || !all_synced || self.following {
             return earliest(deadlines);
@@ -76,8 +78,9 @@ impl Engine {
         self.schedule.promote(now);
         let mut link_token = false;
         loop {
-            let publisher = &self.publisher;
-            let busy = |g: &Group| publisher.busy_until(g);
+            let (publisher, removals) = (&self.publisher, &self.removals);
+            // A group's stages are out, and a removal waits for the removals that may follow.
+            let busy = |g: &Group| publisher.busy_until(g).max(removals.held_until(g));
             let Some(g) = self.schedule.next(now, &mut link_token, busy) else {
                 break;
             };
@@ -96,6 +99,7 @@ impl Engine {
             self.flood.link.next_boundary(),
             expiry,
             self.publisher.next_deadline(),
+            self.removals.next_deadline(),
         ])
     }
 
@@ -133,6 +137,13 @@ impl Engine {
             Group::Service(svc) => self.store.service(svc).is_none(),
             Group::Servers(ns) => self.store.servers_in(ns).is_empty(),
         };
+        if let Group::Service(svc) = g {
+            if self.publisher.has_published(g) {
+                self.removals.served(svc, self.store.endpoint_count(svc));
+            } else {
+                self.removals.unserved(svc);
+            }
+        }
         if gone && !self.publisher.has_published(g) {
             self.schedule.forget(g);
         }

@@ -588,5 +588,6 @@ mod order;
 mod prop;
 mod publish;
 mod quarantine;
+mod removal;
 mod resolve;
 mod schedule;

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Endpoints, ServiceSpec};
 use super::*;
 use crate::churn::publish::AWAIT;
 use crate::churn::publish::stages::LEAD;
+use crate::churn::removal::QUIET;
 use crate::model::EndpointsObject;
 use crate::view::EventType;
 
@@ -227,6 +228,8 @@ async fn a_service_enters_after_its_endpoints_and_leaves_before_them() {
     eps.metadata.labels = None;
     apply(&mut e, service(&svc));
     apply(&mut e, endpoints(&eps));
+    assert_eq!(polled(&mut e, &mut feeds), [], "a removal waits for others");
+    time::advance(QUIET).await;
     assert_eq!(
         polled(&mut e, &mut feeds),
         [ev(Kind::Service, EventType::Deleted, "web")]
