@@ -7,6 +7,7 @@
 //!   Floodgate;
 //! - [`s1`]: 10,000 crash-looping pods behind one exported service, the resolver direct and
 //!   through Floodgate side by side, reported in `make bench`'s S1 rows; a cold start during it;
+//! - [`order`]: a scale-up one pod at a time, resolved at the slice event direct and through;
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
 //!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
 //! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
@@ -22,6 +23,7 @@
 
 mod controller;
 mod drop_in;
+mod order;
 mod outage;
 mod removal;
 mod replicas;

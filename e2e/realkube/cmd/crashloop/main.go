@@ -39,6 +39,7 @@ type options struct {
 	calmNS                string
 	calmServices          int
 	calmRollEvery         time.Duration
+	calmScaleTo           int
 	workers               int
 }
 
@@ -54,6 +55,7 @@ func main() {
 	flag.StringVar(&o.calmNS, "calm-namespace", "calm", "namespace of the calm services")
 	flag.IntVar(&o.calmServices, "calm-services", 3, "exported services of 3 pods that roll now and then")
 	flag.DurationVar(&o.calmRollEvery, "calm-roll-every", 5*time.Second, "how often one calm service replaces a pod")
+	flag.IntVar(&o.calmScaleTo, "calm-scale-to", 0, "instead of a roll, each calm step adds a pod (created Ready, then named by its slice) until every calm service has this many (0: roll)")
 	flag.IntVar(&o.workers, "workers", 16, "concurrent writers")
 	waitStdin := flag.Bool("wait-stdin", false, "after the objects exist, wait for a line on stdin before churning (so observers can sync first)")
 	flag.Parse()
@@ -66,6 +68,8 @@ func main() {
 		fail("--rate must be positive")
 	case o.readyShare < 0 || o.readyShare > 1:
 		fail("--ready-share: %v is not in 0..1", o.readyShare)
+	case o.calmScaleTo < 0 || o.calmScaleTo > 250:
+		fail("--calm-scale-to: %d is not in 0..250", o.calmScaleTo)
 	case o.calmServices < 0 || o.calmServices > 250:
 		fail("--calm-services: %d is not in 0..250", o.calmServices)
 	case o.duration < 0 || o.calmRollEvery <= 0 || o.workers < 1:
@@ -254,6 +258,7 @@ func (d *driver) flip(ctx context.Context, i int) {
 
 // rollCalm replaces one pod of one calm service (round robin) every --calm-roll-every: the new pod
 // is created and made Ready, the slice names it instead of the old one, the old pod is deleted.
+// With --calm-scale-to, each step adds a pod instead (a scale-up one pod at a time).
 func (d *driver) rollCalm(ctx context.Context) {
 	tick := time.NewTicker(d.o.calmRollEvery)
 	defer tick.Stop()
@@ -264,8 +269,15 @@ func (d *driver) rollCalm(ctx context.Context) {
 		case <-tick.C:
 		}
 		s := d.calm[n%len(d.calm)]
-		// A roll begun is finished: the deadline never leaves a slice naming a deleted pod.
-		stamp, err := d.roll(context.WithoutCancel(ctx), s)
+		step := d.roll
+		if d.o.calmScaleTo > 0 {
+			if s.size() >= d.o.calmScaleTo {
+				continue
+			}
+			step = d.grow
+		}
+		// A step begun is finished: the deadline never leaves a slice naming a deleted pod.
+		stamp, err := step(context.WithoutCancel(ctx), s)
 		if err != nil {
 			d.failed(ctx, "calm roll", err)
 			continue

@@ -325,6 +325,30 @@ func (d *driver) roll(ctx context.Context, s *service) (int64, error) {
 	return stamp, nil
 }
 
+// grow adds a pod to s as a scale-up does: the pod is created and made Ready, then the slice names
+// it too (the order the ReplicaSet controller, the kubelet and the EndpointSlice controller keep).
+// The slice is stamped with the time of its write, which grow returns.
+func (d *driver) grow(ctx context.Context, s *service) (int64, error) {
+	s.mu.Lock()
+	fresh := s.newPod()
+	s.mu.Unlock()
+	if err := d.createPod(ctx, s, fresh); err != nil {
+		return 0, err
+	}
+	stamp := time.Now().UnixMilli()
+	s.mu.Lock()
+	s.pods = append(s.pods, fresh)
+	s.stampMs = stamp
+	s.mu.Unlock()
+	return stamp, d.writeAllSlices(ctx, s)
+}
+
+func (s *service) size() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pods)
+}
+
 // parallel runs f(0..n) on d.o.workers goroutines; the first error wins.
 func (d *driver) parallel(ctx context.Context, n int, f func(int) error) error {
 	var next atomic.Int64
