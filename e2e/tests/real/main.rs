@@ -10,6 +10,7 @@
 //! - [`order`]: a scale-up one pod at a time, resolved at the slice event direct and through;
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
 //!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
+//! - [`refusal`]: the link's ClusterRoleBinding deleted on the remote, then put back;
 //! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
 //!   ServiceAccount; the same with a verb it needs taken out of its Role;
@@ -25,6 +26,7 @@ mod controller;
 mod drop_in;
 mod order;
 mod outage;
+mod refusal;
 mod removal;
 mod replicas;
 mod s1;
