@@ -8,6 +8,7 @@
 //! - [`s1`]: 10,000 crash-looping pods behind one exported service, the resolver direct and
 //!   through Floodgate side by side, reported in `make bench`'s S1 rows; a cold start during it;
 //! - [`order`]: a scale-up one pod at a time, resolved at the slice event direct and through;
+//! - [`s1_rate`]: 15,000 crash-looping pods under `endpointsPerService`, contained by their rate;
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
 //!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
 //! - [`refusal`]: the link's ClusterRoleBinding deleted on the remote, then put back;
@@ -30,6 +31,7 @@ mod refusal;
 mod removal;
 mod replicas;
 mod s1;
+mod s1_rate;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
