@@ -132,6 +132,7 @@ impl Engine {
         let gone = match g {
             Group::Service(svc) => self.store.service(svc).is_none(),
             Group::Servers(ns) => self.store.servers_in(ns).is_empty(),
+            Group::LinkerdConfig => self.store.config_maps().is_empty(),
         };
         if gone && !self.publisher.has_published(g) {
             self.schedule.forget(g);
