@@ -10,6 +10,9 @@
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd;
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
 //!   ServiceAccount; the same with a verb it needs taken out of its Role;
+//! - [`linkerd_check`]: `linkerd multicluster check`'s requests against a wrapped link, under
+//!   Linkerd's remote-access RBAC: `/version`, the access reviews, the trust anchors of
+//!   `linkerd-config` as the remote's, and their rotation;
 //! - [`replicas`]: two controller replicas: a command through the one without the Lease, a
 //!   command set with kubectl by an operator bound to the shipped `floodgate-operator` Role, and
 //!   the holder SIGKILLed.
@@ -20,6 +23,7 @@
 
 mod controller;
 mod drop_in;
+mod linkerd_check;
 mod outage;
 mod replicas;
 mod s1;
@@ -72,14 +76,15 @@ async fn calm_services(kube: &RealKube) -> serde_json::Value {
 
 /// Floodgate (`floodgate run`) with link `east` in front of `kube`, its files under `dir`.
 async fn floodgate_in(kube: &RealKube, dir: &str, spec: LinkSpec) -> Floodgate {
-    Floodgate::start(
-        &kube.dir().join(dir),
-        "east",
-        &kube.kubeconfig().expect("kubeconfig"),
-        spec,
-    )
-    .await
-    .expect("floodgate starts and is ready")
+    let admin = kube.kubeconfig().expect("kubeconfig");
+    floodgate_with(kube, dir, &admin, spec).await
+}
+
+/// [`floodgate_in`] reading the remote with `kubeconfig` (YAML).
+async fn floodgate_with(kube: &RealKube, dir: &str, kubeconfig: &str, spec: LinkSpec) -> Floodgate {
+    Floodgate::start(&kube.dir().join(dir), "east", kubeconfig, spec)
+        .await
+        .expect("floodgate starts and is ready")
 }
 
 /// [`floodgate_in`] `floodgate/`.
