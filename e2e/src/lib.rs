@@ -36,6 +36,7 @@ pub mod sim;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use kube::runtime::watcher;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -198,4 +199,17 @@ pub async fn until(secs: u64, what: &str, mut cond: impl AsyncFnMut() -> bool) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// The next event of a kube-rs watcher, within 10 s; panics on an error or an end.
+pub async fn next_event<K, S>(s: &mut S) -> watcher::Event<K>
+where
+    S: futures_util::Stream<Item = watcher::Result<watcher::Event<K>>> + Unpin,
+{
+    use futures_util::StreamExt as _;
+    tokio::time::timeout(std::time::Duration::from_secs(10), s.next())
+        .await
+        .expect("an event within 10 s")
+        .expect("the stream goes on")
+        .expect("no watcher error")
 }

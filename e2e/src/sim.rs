@@ -19,7 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-/// A writable store of the six resources a link follows.
+/// A writable store of the resources a link follows (every ConfigMap, as an API server holds
+/// them: a link reads only `linkerd-config`).
 #[derive(Debug)]
 pub struct SimStore {
     view: View,
@@ -109,6 +110,7 @@ pub fn decode(kind: Kind, v: Value) -> Result<Object, serde_json::Error> {
             Object::ReplicaSet(Arc::new(serde_json::from_value(v["metadata"].clone())?))
         }
         Kind::Server => Object::Server(Arc::new(serde_json::from_value::<Server>(v)?)),
+        Kind::ConfigMap => Object::ConfigMap(Arc::new(serde_json::from_value(v)?)),
     })
 }
 

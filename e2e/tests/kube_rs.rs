@@ -8,6 +8,7 @@ use std::time::Duration;
 use floodgate::kubeapi::status::{Reason, StatusError};
 use floodgate_e2e::RunningSim;
 use floodgate_e2e::drivers::{Cluster, EXPORTED};
+use floodgate_e2e::next_event as next;
 use floodgate_e2e::sim::SimStore;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
@@ -21,15 +22,6 @@ async fn client(sim: &RunningSim) -> Client {
         .await
         .expect("config");
     Client::try_from(cfg).expect("client")
-}
-
-/// The next event, within a deadline.
-async fn next<K>(s: &mut (impl Stream<Item = watcher::Result<Event<K>>> + Unpin)) -> Event<K> {
-    tokio::time::timeout(Duration::from_secs(10), s.next())
-        .await
-        .expect("an event within 10 s")
-        .expect("the stream goes on")
-        .expect("no watcher error")
 }
 
 fn name<K: kube::Resource>(k: &K) -> String {

@@ -243,7 +243,7 @@ impl Engine {
     }
 
     /// Upstream objects held, by kind.
-    pub fn objects_by_kind(&self) -> [(Kind, usize); 6] {
+    pub fn objects_by_kind(&self) -> [(Kind, usize); Kind::ALL.len()] {
         self.store.counts()
     }
 

@@ -276,6 +276,7 @@ pub fn spawn_restored(
     };
     let wire = wire::Network {
         selector: spec.select.services.clone(),
+        linkerd_namespace: spec.target_cluster_linkerd_namespace.clone(),
     };
     let link = task::LinkTask::new(
         wire,

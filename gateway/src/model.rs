@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -48,7 +48,14 @@ pub enum Kind {
     ReplicaSet,
     /// `policy.linkerd.io/v1beta3` servers.
     Server,
+    /// `v1` configmaps: only the remote's `linkerd-config` ([`LINKERD_CONFIG`]), passed
+    /// through read-only for `linkerd multicluster check`.
+    ConfigMap,
 }
+
+/// The one ConfigMap a link carries: the remote's Linkerd configuration (its identity trust
+/// anchors among it), in the Link's `targetClusterLinkerdNamespace`.
+pub const LINKERD_CONFIG: &str = "linkerd-config";
 
 // `Kind::index` is a position in `Kind::ALL`.
 const _: () = {
@@ -61,13 +68,14 @@ const _: () = {
 
 impl Kind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Endpoints,
         Kind::Pod,
         Kind::ReplicaSet,
         Kind::Server,
+        Kind::ConfigMap,
     ];
 
     /// This kind's place in [`Kind::ALL`], for tables indexed by kind.
@@ -84,13 +92,14 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::ReplicaSet => "ReplicaSet",
             Kind::Server => "Server",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
     /// `apiVersion` as the API names it.
     pub const fn api_version(self) -> &'static str {
         match self {
-            Kind::Service | Kind::Endpoints | Kind::Pod => "v1",
+            Kind::Service | Kind::Endpoints | Kind::Pod | Kind::ConfigMap => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::ReplicaSet => "apps/v1",
             Kind::Server => "policy.linkerd.io/v1beta3",
@@ -178,6 +187,8 @@ pub enum Object {
     ReplicaSet(Arc<ObjectMeta>),
     /// A Linkerd Server.
     Server(Arc<Server>),
+    /// The remote's `linkerd-config`.
+    ConfigMap(Arc<ConfigMap>),
 }
 
 impl Object {
@@ -190,6 +201,7 @@ impl Object {
             Object::Pod(_) => Kind::Pod,
             Object::ReplicaSet(_) => Kind::ReplicaSet,
             Object::Server(_) => Kind::Server,
+            Object::ConfigMap(_) => Kind::ConfigMap,
         }
     }
 
@@ -204,6 +216,7 @@ impl Object {
             Object::Pod(o) => return Cow::Owned(o.metadata()),
             Object::ReplicaSet(m) => m,
             Object::Server(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
         })
     }
 
@@ -234,6 +247,7 @@ impl Object {
             Object::Pod(_) => return None,
             Object::ReplicaSet(m) => m,
             Object::Server(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
         })
     }
 
@@ -279,6 +293,7 @@ impl Object {
             Object::Pod(_) => {}
             Object::ReplicaSet(x) => clean(Arc::make_mut(x)),
             Object::Server(x) => clean(&mut Arc::make_mut(x).metadata),
+            Object::ConfigMap(x) => clean(&mut Arc::make_mut(x).metadata),
         }
         self
     }
@@ -297,6 +312,7 @@ impl Object {
                 Object::ReplicaSet(Arc::new(serde_json::from_value(meta.unwrap_or_default())?))
             }
             "Server" => Object::Server(Arc::new(serde_json::from_value(v)?)),
+            "ConfigMap" => Object::ConfigMap(Arc::new(serde_json::from_value(v)?)),
             other => {
                 return Err(serde_json::Error::custom(format!("unknown kind {other:?}")));
             }
@@ -316,6 +332,7 @@ impl Object {
                 serde_json::to_value(m.as_ref()).map(|m| serde_json::json!({ "metadata": m }))
             }
             Object::Server(o) => serde_json::to_value(o.as_ref()),
+            Object::ConfigMap(o) => serde_json::to_value(o.as_ref()),
         }
         .unwrap_or_default();
         if let Some(map) = v.as_object_mut() {
@@ -337,4 +354,7 @@ pub enum Group {
     Service(NsName),
     /// The Servers of a namespace that holds a selected service.
     Servers(Arc<str>),
+    /// The remote's `linkerd-config` ConfigMap: looked up by no other kind, and counted in no
+    /// rate that could contain a service or quarantine the link.
+    LinkerdConfig,
 }

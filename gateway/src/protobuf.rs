@@ -53,6 +53,7 @@ pub fn item(object: &Object, resource_version: u64) -> Option<Vec<u8>> {
         Object::Pod(p) => pod::pod(p, &rv).encode_to_vec(),
         Object::ReplicaSet(m) => metadata_only(convert::object_meta(m, Some(&rv))),
         Object::Server(_) => return None,
+        Object::ConfigMap(c) => convert::config_map(c, &rv).encode_to_vec(),
     })
 }
 

@@ -35,6 +35,7 @@
 
 mod admit;
 mod body;
+pub mod config;
 mod fault;
 mod fetch;
 pub mod health;
@@ -267,6 +268,11 @@ pub struct Remote {
     pub selector: String,
     /// Whether the remote serves Linkerd's policy API (and so `Server`s).
     pub has_servers: bool,
+    /// The remote's Linkerd namespace (the Link's `targetClusterLinkerdNamespace`), where
+    /// `linkerd-config` is read.
+    pub linkerd_namespace: String,
+    /// Whether the credentials may list `linkerd-config` there ([`config::readable`]).
+    pub has_config: bool,
 }
 
 impl std::fmt::Debug for Remote {
@@ -274,13 +280,20 @@ impl std::fmt::Debug for Remote {
         f.debug_struct("Remote")
             .field("selector", &self.selector)
             .field("has_servers", &self.has_servers)
+            .field("linkerd_namespace", &self.linkerd_namespace)
+            .field("has_config", &self.has_config)
             .finish_non_exhaustive()
     }
 }
 
 impl Remote {
-    /// Connects: asks the remote whether it serves Linkerd's policy API.
-    pub async fn discover(client: Client, selector: &LabelSelector) -> Result<Self, kube::Error> {
+    /// Connects: asks the remote whether it serves Linkerd's policy API, and whether its
+    /// `linkerd-config` in `linkerd_namespace` may be read.
+    pub async fn discover(
+        client: Client,
+        selector: &LabelSelector,
+        linkerd_namespace: &str,
+    ) -> Result<Self, kube::Error> {
         let has_servers = match client
             .list_api_group_resources("policy.linkerd.io/v1beta3")
             .await
@@ -289,10 +302,13 @@ impl Remote {
             Err(kube::Error::Api(s)) if s.code == 404 => false,
             Err(e) => return Err(e),
         };
+        let has_config = config::readable(&client, linkerd_namespace).await?;
         Ok(Self {
             client,
             selector: selector_string(selector),
             has_servers,
+            linkerd_namespace: linkerd_namespace.to_owned(),
+            has_config,
         })
     }
 
@@ -307,6 +323,9 @@ impl Remote {
         ];
         if self.has_servers {
             k.push(Kind::Server);
+        }
+        if self.has_config {
+            k.push(Kind::ConfigMap);
         }
         k
     }
@@ -383,6 +402,9 @@ pub fn start(
         wanted,
     );
     w.replica_sets(&mut tasks, all.clone());
+    if remote.has_config {
+        w.linkerd_config(&mut tasks, all.clone(), &remote.linkerd_namespace);
+    }
     if remote.has_servers {
         w.servers(&mut tasks, all);
     }

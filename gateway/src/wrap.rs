@@ -37,6 +37,8 @@ pub const LINKERD_SECRET_TYPE: &str = "mirror.linkerd.io/remote-kubeconfig";
 pub const LINKERD_KUBECONFIG_KEY: &str = "kubeconfig";
 /// The label naming the linked cluster on Linkerd's destination credentials.
 pub const LINKERD_CLUSTER_LABEL: &str = "multicluster.linkerd.io/cluster-name";
+/// The API group of Linkerd's `Link` (`multicluster.linkerd.io/v1alpha3`, ...), with its `/`.
+pub const LINKERD_LINK_GROUP: &str = "multicluster.linkerd.io/";
 /// The prefix of Linkerd's credentials Secrets.
 pub const LINKERD_SECRET_PREFIX: &str = "cluster-credentials-";
 /// The annotation Floodgate puts on a Secret it rewrote: `<namespace>/<link>`.
@@ -125,6 +127,7 @@ pub fn wrap(
 ) -> Result<String, WrapError> {
     let mut out: Vec<Value> = Vec::new();
     let mut adopted: BTreeMap<String, String> = BTreeMap::new();
+    let mut docs: Vec<(usize, Value)> = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(input).enumerate() {
         let doc_no = i + 1;
         let value = Value::deserialize(doc).map_err(|e| WrapError::Parse {
@@ -140,26 +143,29 @@ pub fn wrap(
                 .unwrap_or_default(),
             other => vec![other],
         };
-        for item in items {
-            if !is_credentials(&item) {
-                out.push(item);
-                continue;
-            }
-            let secret: Secret = serde_json::from_value(item).map_err(|e| WrapError::Parse {
-                doc: doc_no,
-                message: format!("not a Secret: {e}"),
-            })?;
-            let c = Credentials::read(&secret)?;
-            if !adopted.contains_key(&c.cluster) {
-                let tok = token(&c.cluster)?;
-                out.push(link_object(&c, opts));
-                out.push(upstream_copy(&c, opts));
-                out.push(token_secret(&c.cluster, &tok, opts));
-                adopted.insert(c.cluster.clone(), tok);
-            }
-            let tok = &adopted[&c.cluster];
-            out.push(rewritten(&secret, &c, tok, opts));
+        docs.extend(items.into_iter().map(|item| (doc_no, item)));
+    }
+    // Linkerd's Links may come before or after their credentials.
+    let namespaces = linkerd_namespaces(docs.iter().map(|(_, item)| item));
+    for (doc_no, item) in docs {
+        if !is_credentials(&item) {
+            out.push(item);
+            continue;
         }
+        let secret: Secret = serde_json::from_value(item).map_err(|e| WrapError::Parse {
+            doc: doc_no,
+            message: format!("not a Secret: {e}"),
+        })?;
+        let c = Credentials::read(&secret)?;
+        if !adopted.contains_key(&c.cluster) {
+            let tok = token(&c.cluster)?;
+            out.push(link_object(&c, namespaces.get(&c.cluster), opts));
+            out.push(upstream_copy(&c, opts));
+            out.push(token_secret(&c.cluster, &tok, opts));
+            adopted.insert(c.cluster.clone(), tok);
+        }
+        let tok = &adopted[&c.cluster];
+        out.push(rewritten(&secret, &c, tok, opts));
     }
     if adopted.is_empty() {
         return Err(WrapError::NothingToWrap);
@@ -174,6 +180,24 @@ pub fn wrap(
         text.push_str(&serde_yaml::to_string(&v).expect("JSON values always serialize to YAML"));
     }
     Ok(text)
+}
+
+/// The `targetClusterLinkerdNamespace` of each of Linkerd's Links among `items`, by the
+/// cluster it links (`targetClusterName`, else its name).
+fn linkerd_namespaces<'a>(items: impl Iterator<Item = &'a Value>) -> BTreeMap<String, String> {
+    let is_link = |v: &Value| {
+        v["kind"] == "Link"
+            && (v["apiVersion"].as_str()).is_some_and(|a| a.starts_with(LINKERD_LINK_GROUP))
+    };
+    items
+        .filter(|v| is_link(v))
+        .filter_map(|v| {
+            let ns = v["spec"]["targetClusterLinkerdNamespace"].as_str()?;
+            let cluster = (v["spec"]["targetClusterName"].as_str())
+                .or_else(|| v["metadata"]["name"].as_str())?;
+            Some((cluster.to_owned(), ns.to_owned()))
+        })
+        .collect()
 }
 
 fn is_credentials(v: &Value) -> bool {
@@ -241,8 +265,8 @@ impl Credentials {
     }
 }
 
-fn link_object(c: &Credentials, opts: &WrapOptions) -> Value {
-    json!({
+fn link_object(c: &Credentials, linkerd_namespace: Option<&String>, opts: &WrapOptions) -> Value {
+    let mut link = json!({
         "apiVersion": "floodgate.dev/v1alpha1",
         "kind": "Link",
         "metadata": {
@@ -258,7 +282,11 @@ fn link_object(c: &Credentials, opts: &WrapOptions) -> Value {
                 },
             },
         },
-    })
+    });
+    if let Some(ns) = linkerd_namespace {
+        link["spec"]["targetClusterLinkerdNamespace"] = ns.as_str().into();
+    }
+    link
 }
 
 fn b64(bytes: &[u8]) -> String {

@@ -42,6 +42,16 @@ pub struct LinkSpec {
     /// `mirror.linkerd.io/exported` in (`true`, `remote-discovery`).
     #[serde(default)]
     pub select: SelectSpec,
+    /// The remote's Linkerd namespace, as Linkerd's Link names it: where the remote's
+    /// `linkerd-config` ConfigMap is read and served from (its trust anchors, for `linkerd
+    /// multicluster check`), the only ConfigMap a link serves. A DNS-1123 label. Default:
+    /// `linkerd`.
+    #[serde(default = "default_linkerd_namespace")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub target_cluster_linkerd_namespace: String,
     /// How bursts of changes to one service collapse into one update.
     #[serde(default)]
     pub coalesce: CoalesceSpec,
@@ -87,6 +97,13 @@ pub struct SecretKeyRef {
     #[serde(default = "default_secret_key")]
     #[schemars(length(min = 1))]
     pub key: String,
+}
+
+/// Linkerd's own namespace, its Link's default `targetClusterLinkerdNamespace`.
+pub const DEFAULT_LINKERD_NAMESPACE: &str = "linkerd";
+
+fn default_linkerd_namespace() -> String {
+    DEFAULT_LINKERD_NAMESPACE.to_owned()
 }
 
 fn default_secret_key() -> String {
@@ -395,6 +412,7 @@ impl LinkSpec {
         Self {
             remote,
             select: SelectSpec::default(),
+            target_cluster_linkerd_namespace: default_linkerd_namespace(),
             coalesce: CoalesceSpec::default(),
             rate_limit: RateLimitSpec::default(),
             caps: CapsSpec::default(),

@@ -90,6 +90,13 @@ pub fn validate(spec: &LinkSpec, prefix: &str) -> Result<(), ValidationErrors> {
     }
 
     check_selector(&spec.select.services, "select.services", &mut errs);
+    let ns = &spec.target_cluster_linkerd_namespace;
+    if !is_dns_label(ns) {
+        errs.add(
+            "targetClusterLinkerdNamespace",
+            format!("{ns:?} is not a valid namespace (a DNS-1123 label)"),
+        );
+    }
 
     let c = &spec.coalesce;
     if c.max.get().is_zero() {

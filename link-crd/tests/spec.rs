@@ -34,6 +34,7 @@ fn a_minimal_spec_gets_every_documented_default() {
     assert_eq!(spec.caps.max_endpoints_per_service, 1000);
     assert_eq!(spec.caps.max_services, 2000);
     assert_eq!(spec.caps.max_objects, 200_000);
+    assert_eq!(spec.target_cluster_linkerd_namespace, "linkerd");
     assert_eq!(spec.quarantine.when.events_per_second, 2000);
     assert_eq!(
         spec.quarantine.when.sustained_for,
@@ -111,6 +112,11 @@ fn every_validation_rule_reports_its_path() {
             "no remote",
             Box::new(|s| s.remote = RemoteSpec::default()),
             "spec.remote",
+        ),
+        (
+            "a Linkerd namespace that is no DNS-1123 label",
+            Box::new(|s| s.target_cluster_linkerd_namespace = "Linkerd.Prod".into()),
+            "spec.targetClusterLinkerdNamespace",
         ),
         (
             "two remotes",

@@ -15,6 +15,9 @@
 //! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
 //!   ServiceAccount; the same with a verb it needs taken out of its Role;
+//! - [`linkerd_check`]: `linkerd multicluster check`'s requests against a wrapped link, under
+//!   Linkerd's remote-access RBAC: `/version`, the access reviews, the trust anchors of
+//!   `linkerd-config` as the remote's, and their rotation;
 //! - [`replicas`]: two controller replicas: a command through the one without the Lease, a
 //!   command set with kubectl by an operator bound to the shipped `floodgate-operator` Role, and
 //!   the holder SIGKILLed.
@@ -25,6 +28,7 @@
 
 mod controller;
 mod drop_in;
+mod linkerd_check;
 mod order;
 mod outage;
 mod refusal;
@@ -81,14 +85,15 @@ async fn calm_services(kube: &RealKube) -> serde_json::Value {
 
 /// Floodgate (`floodgate run`) with link `east` in front of `kube`, its files under `dir`.
 async fn floodgate_in(kube: &RealKube, dir: &str, spec: LinkSpec) -> Floodgate {
-    Floodgate::start(
-        &kube.dir().join(dir),
-        "east",
-        &kube.kubeconfig().expect("kubeconfig"),
-        spec,
-    )
-    .await
-    .expect("floodgate starts and is ready")
+    let admin = kube.kubeconfig().expect("kubeconfig");
+    floodgate_with(kube, dir, &admin, spec).await
+}
+
+/// [`floodgate_in`] reading the remote with `kubeconfig` (YAML).
+async fn floodgate_with(kube: &RealKube, dir: &str, kubeconfig: &str, spec: LinkSpec) -> Floodgate {
+    Floodgate::start(&kube.dir().join(dir), "east", kubeconfig, spec)
+        .await
+        .expect("floodgate starts and is ready")
 }
 
 /// [`floodgate_in`] `floodgate/`.

@@ -508,10 +508,10 @@ async fn metrics_parse_and_follow_the_links() {
             &[("link", "east"), ("relevance", "relevant")]
         ) >= 1.0
     );
-    // Five resources listed once each (the remote has no Linkerd policy API), by five
-    // watchers that keep running.
-    assert_eq!(value("floodgate_upstream_relists_total", &east), 5.0);
-    assert_eq!(value("floodgate_upstream_watchers", &east), 5.0);
+    // Six resources listed once each (the remote has no Linkerd policy API; linkerd-config
+    // is one), by six watchers that keep running.
+    assert_eq!(value("floodgate_upstream_relists_total", &east), 6.0);
+    assert_eq!(value("floodgate_upstream_watchers", &east), 6.0);
     for name in [
         "floodgate_downstream_updates_total",
         "floodgate_coalesced_total",

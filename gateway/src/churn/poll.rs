@@ -136,6 +136,7 @@ impl Engine {
         let gone = match g {
             Group::Service(svc) => self.store.service(svc).is_none(),
             Group::Servers(ns) => self.store.servers_in(ns).is_empty(),
+            Group::LinkerdConfig => self.store.config_maps().is_empty(),
         };
         if let Group::Service(svc) = g {
             if self.publisher.has_published(g) {

@@ -277,6 +277,12 @@ impl Publisher {
                     .collect(),
                 ..Desired::empty()
             },
+            Group::LinkerdConfig => Desired {
+                objects: (store.config_maps().into_iter())
+                    .map(Object::ConfigMap)
+                    .collect(),
+                ..Desired::empty()
+            },
         };
         if wait && let Some(fetch) = self.awaits(g, &desired, store, now) {
             return fetch;

@@ -137,6 +137,9 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
                     .objects
                     .insert(obj.key());
             }
+            Object::ConfigMap(_) => {
+                (out.entry(Group::LinkerdConfig).or_default().objects).insert(obj.key());
+            }
             _ => {}
         }
     }

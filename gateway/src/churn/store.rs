@@ -1,8 +1,8 @@
 //! The upstream cache of one link: the latest state of every object the link may publish, with
 //! the indexes that tie objects to publication groups.
 //!
-//! What it keeps: every Service, EndpointSlice, Endpoints, ReplicaSet (metadata) and Server it is
-//! given, and only the pods the engine wants: those behind endpoints the cap publishes (the
+//! What it keeps: every Service, EndpointSlice, Endpoints, ReplicaSet (metadata), Server and
+//! ConfigMap (the remote's `linkerd-config` alone is ever given) it is given, and only the pods the engine wants: those behind endpoints the cap publishes (the
 //! engine checks before it hands a pod over, see [`super::publish`]). A pod nobody wants costs
 //! its decoding and a hash lookup, nothing more: that keeps a flood of pods, behind an
 //! unselected service or behind a selected one's withheld endpoints, out of memory. Slices are
@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{Selector, SelectorExt};
 use smallvec::SmallVec;
@@ -26,6 +26,7 @@ use crate::model::{
     Dictionary, EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Object, PodObject, Server,
 };
 
+mod config;
 mod slices;
 
 /// What a change touched.
@@ -63,6 +64,8 @@ pub struct Store {
     replicasets: HashMap<NsName, Arc<ObjectMeta>>,
     rs_pods: HashMap<NsName, HashSet<NsName>>,
     servers: HashMap<NsName, Arc<Server>>,
+    /// The remote's `linkerd-config` (its watcher selects that one ConfigMap).
+    config_maps: HashMap<NsName, Arc<ConfigMap>>,
     /// Upstream endpoints per service, across its slices (for flood detection).
     slice_endpoints: HashMap<NsName, usize>,
     /// Slices held deflated against their service's dictionary: those of services over the
@@ -89,6 +92,7 @@ impl Store {
             replicasets: HashMap::new(),
             rs_pods: HashMap::new(),
             servers: HashMap::new(),
+            config_maps: HashMap::new(),
             slice_endpoints: HashMap::new(),
             deflated: 0,
             dictionaries: HashMap::new(),
@@ -114,10 +118,11 @@ impl Store {
             + self.pods.len()
             + self.replicasets.len()
             + self.servers.len()
+            + self.config_maps.len()
     }
 
     /// Objects held, by kind.
-    pub fn counts(&self) -> [(Kind, usize); 6] {
+    pub fn counts(&self) -> [(Kind, usize); Kind::ALL.len()] {
         [
             (Kind::Service, self.services.len()),
             (Kind::EndpointSlice, self.slices.len()),
@@ -125,6 +130,7 @@ impl Store {
             (Kind::Pod, self.pods.len()),
             (Kind::ReplicaSet, self.replicasets.len()),
             (Kind::Server, self.servers.len()),
+            (Kind::ConfigMap, self.config_maps.len()),
         ]
     }
 
@@ -157,11 +163,12 @@ impl Store {
             Kind::Pod => self.pods.keys().cloned().collect(),
             Kind::ReplicaSet => self.replicasets.keys().cloned().collect(),
             Kind::Server => self.servers.keys().cloned().collect(),
+            Kind::ConfigMap => self.config_maps.keys().cloned().collect(),
         }
     }
 
-    /// Every group the cache could publish: selected services and the Servers of their
-    /// namespaces.
+    /// Every group the cache could publish: selected services, the Servers of their
+    /// namespaces, and the remote's Linkerd configuration when it has one.
     pub fn groups(&self) -> Vec<Group> {
         let mut namespaces = BTreeSet::new();
         let mut out: Vec<Group> = Vec::new();
@@ -170,6 +177,9 @@ impl Store {
             out.push(Group::Service(svc.clone()));
         }
         out.extend(namespaces.into_iter().map(Group::Servers));
+        if !self.config_maps.is_empty() {
+            out.push(Group::LinkerdConfig);
+        }
         out
     }
 
@@ -183,6 +193,7 @@ impl Store {
             Kind::Pod => self.change_pod(id, obj),
             Kind::ReplicaSet => self.change_replica_set(id, obj),
             Kind::Server => self.change_server(id, obj),
+            Kind::ConfigMap => self.change_config_map(id, obj),
         }
     }
 

@@ -583,6 +583,7 @@ async fn pods_stay_served_across_slice_updates() {
     );
 }
 
+mod config;
 mod contain;
 mod order;
 mod prop;

@@ -122,8 +122,15 @@ async fn view_of(
         let req = axum::http::Request::get(&path).body(Vec::new())?;
         let text = match client.request_text(req).await {
             Ok(t) => t,
-            // A link whose remote serves no Linkerd Servers serves none either.
-            Err(kube::Error::Api(s)) if s.code == 404 && def.kind == crate::model::Kind::Server => {
+            // A link whose remote serves no Linkerd Servers serves none either; a replica of
+            // an earlier release serves no ConfigMap.
+            Err(kube::Error::Api(s))
+                if s.code == 404
+                    && matches!(
+                        def.kind,
+                        crate::model::Kind::Server | crate::model::Kind::ConfigMap
+                    ) =>
+            {
                 continue;
             }
             Err(e) => return Err(e).with_context(|| format!("listing {path}")),

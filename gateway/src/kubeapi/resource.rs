@@ -23,7 +23,7 @@ pub struct ResourceDef {
 }
 
 /// Every resource a link can serve (the Linkerd consumer profile).
-pub static RESOURCES: [ResourceDef; 6] = [
+pub static RESOURCES: [ResourceDef; Kind::ALL.len()] = [
     ResourceDef {
         kind: Kind::Service,
         group: "",
@@ -71,6 +71,14 @@ pub static RESOURCES: [ResourceDef; 6] = [
         plural: "servers",
         singular: "server",
         short_names: &["srv"],
+    },
+    ResourceDef {
+        kind: Kind::ConfigMap,
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        short_names: &["cm"],
     },
 ];
 
@@ -204,6 +212,7 @@ pub fn table_columns(kind: Kind) -> Vec<Value> {
             ("Age", "string"),
         ],
         Kind::ReplicaSet | Kind::Server => &[("Name", "name"), ("Age", "string")],
+        Kind::ConfigMap => &[("Name", "name"), ("Data", "integer"), ("Age", "string")],
     };
     names
         .iter()
@@ -295,6 +304,10 @@ pub fn table_cells(kind: Kind, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
             ]
         }
         Kind::ReplicaSet | Kind::Server => vec![name, age],
+        Kind::ConfigMap => {
+            let keys = |f: &str| o[f].as_object().map_or(0, serde_json::Map::len);
+            vec![name, (keys("data") + keys("binaryData")).into(), age]
+        }
     }
 }
 

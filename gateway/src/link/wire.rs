@@ -84,6 +84,8 @@ pub(crate) struct Dialed<R> {
 pub(crate) struct Network {
     /// The link's service selector.
     pub selector: LabelSelector,
+    /// The remote's Linkerd namespace (`targetClusterLinkerdNamespace`).
+    pub linkerd_namespace: String,
 }
 
 impl Wire for Network {
@@ -92,10 +94,11 @@ impl Wire for Network {
 
     fn dial(&self, connect: &Connect) -> BoxFuture<'static, anyhow::Result<Dialed<Remote>>> {
         let (connect, selector) = (connect.clone(), self.selector.clone());
+        let linkerd_namespace = self.linkerd_namespace.clone();
         Box::pin(async move {
             let client = connect().await?;
             let version = client.apiserver_version().await?;
-            let remote = Remote::discover(client, &selector).await?;
+            let remote = Remote::discover(client, &selector, &linkerd_namespace).await?;
             Ok(Dialed {
                 kinds: remote.kinds(),
                 version: serde_json::to_value(version).ok(),

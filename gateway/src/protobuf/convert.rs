@@ -160,6 +160,24 @@ pub fn object_reference(r: &core::ObjectReference) -> pb_core::ObjectReference {
     }
 }
 
+/// A ConfigMap (the remote's `linkerd-config`).
+pub fn config_map(c: &core::ConfigMap, resource_version: &str) -> pb_core::ConfigMap {
+    let core::ConfigMap {
+        metadata,
+        data,
+        binary_data,
+        immutable,
+    } = c;
+    pb_core::ConfigMap {
+        metadata: Some(object_meta(metadata, Some(resource_version))),
+        immutable: *immutable,
+        data: data.clone().unwrap_or_default(),
+        binary_data: (binary_data.iter().flatten())
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect(),
+    }
+}
+
 /// A Service.
 pub fn service(s: &core::Service, resource_version: &str) -> pb_core::Service {
     let core::Service {

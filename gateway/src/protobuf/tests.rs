@@ -295,3 +295,26 @@ fn servers_have_no_protobuf_form_and_bad_bodies_are_errors() {
     ));
     assert_eq!(read_watch(b"").expect("no events").len(), 0);
 }
+
+#[test]
+fn a_config_map_decodes_to_what_its_json_says() {
+    let cm = Object::ConfigMap(Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "linkerd-config", "namespace": "linkerd", "uid": "u-9"},
+            "data": {"values": "identityTrustAnchorsPEM: |\n  -----BEGIN CERTIFICATE-----\n"},
+            "binaryData": {"raw": "AAEC"},
+            "immutable": false
+        }))
+        .expect("a ConfigMap"),
+    ));
+    let rv = 7;
+    let forms = Forms::new("v1", "ConfigMap", &item(&cm, rv).expect("a form"), "ADDED");
+    let raw = open_item(forms.envelope(), "v1", "ConfigMap");
+    let c = pb_core::ConfigMap::decode(raw.as_slice()).expect("decodes");
+    let m = c.metadata.expect("metadata");
+    assert_eq!(m.name.as_deref(), Some("linkerd-config"));
+    assert_eq!(m.resource_version.as_deref(), Some("7"));
+    assert!(c.data["values"].starts_with("identityTrustAnchorsPEM"));
+    assert_eq!(c.binary_data["raw"], [0, 1, 2]);
+    assert_eq!(c.immutable, Some(false));
+}

@@ -202,7 +202,7 @@ impl Watch<'_> {
     /// its start, and `wanted` (pods) says which objects are worth decoding, and how to read a
     /// skipped one's ReplicaSet.
     #[allow(clippy::too_many_arguments)]
-    fn spawn<W, S, F>(
+    pub(super) fn spawn<W, S, F>(
         &self,
         tasks: &mut JoinSet<()>,
         kind: Kind,

@@ -289,3 +289,33 @@ fn bad_input_gets_a_clear_error() {
     );
     assert!(matches!(run(&nameless), Err(WrapError::NoCluster { .. })));
 }
+
+/// The Floodgate Link keeps Linkerd's `targetClusterLinkerdNamespace` (where the remote's
+/// `linkerd-config` is read), whether Linkerd's Link comes after its credentials (link-gen's
+/// order) or before them.
+#[test]
+fn the_link_keeps_linkerds_target_cluster_linkerd_namespace() {
+    let docs = run(&link_gen_output()).expect("wraps");
+    let link = find(&docs, "Link", "floodgate", "east");
+    assert_eq!(link["spec"]["targetClusterLinkerdNamespace"], "linkerd");
+
+    let custom = link_gen_output().replace(
+        "targetClusterLinkerdNamespace: linkerd",
+        "targetClusterLinkerdNamespace: linkerd-prod",
+    );
+    let (secrets, l5d_link) = custom
+        .split_once("---\napiVersion: multicluster.linkerd.io")
+        .expect("link-gen's Link follows the Secrets");
+    let link_first = format!("apiVersion: multicluster.linkerd.io{l5d_link}{secrets}");
+    for input in [custom.as_str(), link_first.as_str()] {
+        let docs = run(input).expect("wraps");
+        let link = find(&docs, "Link", "floodgate", "east");
+        assert_eq!(
+            link["spec"]["targetClusterLinkerdNamespace"],
+            "linkerd-prod"
+        );
+        let spec: floodgate_link_crd::LinkSpec =
+            serde_json::from_value(link["spec"].clone()).expect("a Link spec");
+        floodgate_link_crd::validate(&spec, "spec").expect("valid");
+    }
+}

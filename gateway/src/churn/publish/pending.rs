@@ -51,7 +51,7 @@ impl Publisher {
                             .is_some_and(|sel| !sel.is_empty())
                     })
             }
-            Group::Servers(_) => false,
+            Group::Servers(_) | Group::LinkerdConfig => false,
         };
         // Pods the endpoints it published named as ready already wait for nothing more.
         let mut named: BTreeMap<NsName, bool> = BTreeMap::new();
@@ -98,7 +98,7 @@ impl Publisher {
             .filter(|g| match (g, wanting) {
                 (_, None) => true,
                 (Group::Service(svc), Some(by)) => by.contains(svc),
-                (Group::Servers(_), Some(_)) => false,
+                (Group::Servers(_) | Group::LinkerdConfig, Some(_)) => false,
             })
             .cloned()
             .collect()

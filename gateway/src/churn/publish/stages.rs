@@ -13,7 +13,7 @@
 //!
 //! | stage | on the way in | on the way out |
 //! | --- | --- | --- |
-//! | [`Stage::Pods`] | pods and ReplicaSets (new or changed) | a Service leaving the view |
+//! | [`Stage::Pods`] | pods and ReplicaSets (new or changed); the Linkerd configuration | a Service leaving the view; the Linkerd configuration |
 //! | [`Stage::Endpoints`] | EndpointSlices and Endpoints; a Service already served changing | slices and Endpoints |
 //! | [`Stage::Service`] | a Service entering the view | pods and ReplicaSets |
 //!
@@ -55,12 +55,13 @@ pub(super) enum Stage {
 pub(super) fn stage_of(change: &Change, entering: impl FnOnce(&ObjKey) -> bool) -> Stage {
     match change {
         Change::Upsert(o) => match o.kind() {
-            Kind::Pod | Kind::ReplicaSet => Stage::Pods,
+            // Looked up by nothing, and looks nothing up: it goes first.
+            Kind::Pod | Kind::ReplicaSet | Kind::ConfigMap => Stage::Pods,
             Kind::Service if entering(&o.key()) => Stage::Service,
             _ => Stage::Endpoints,
         },
         Change::Delete(k) => match k.kind {
-            Kind::Service => Stage::Pods,
+            Kind::Service | Kind::ConfigMap => Stage::Pods,
             Kind::Pod | Kind::ReplicaSet => Stage::Service,
             _ => Stage::Endpoints,
         },
