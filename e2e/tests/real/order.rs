@@ -63,6 +63,16 @@ async fn a_scale_up_reaches_a_client_go_resolver_at_the_event_through_floodgate(
     let (d_delays, _) = staleness(d, &stamps);
     let (t_delays, _) = staleness(t, &stamps);
     let p99 = |v: &[u64]| v[(v.len() * 99 / 100).min(v.len() - 1)];
+    let in_order = |r: &floodgate_e2e::real::ResolverReport| -> Vec<u64> {
+        (stamps.iter())
+            .filter_map(|s| r.seen_at(*s).map(|at| at.saturating_sub(*s)))
+            .collect()
+    };
+    println!(
+        "step by step, through / direct: {:?} / {:?}",
+        in_order(t),
+        in_order(d)
+    );
     println!(
         "real scale-up 3 -> 10 one pod at a time: from the slice's write, p99 {} ms through Floodgate, {} ms direct (each: {t_delays:?} / {d_delays:?}); addresses lost at the slice event: {} through, {} direct",
         p99(&t_delays),

@@ -87,14 +87,6 @@ impl Engine {
     fn applied(&mut self, obj: Object, now: Instant) {
         let obj = obj.into_sanitized();
         let key = obj.key();
-        if key.kind == Kind::Pod {
-            self.publisher.seen(&key.id);
-            if !self.publisher.wants(&key.id) && self.store.pod(&key.id).is_none() {
-                // Behind no published endpoint: costs its decoding, nothing more.
-                self.ingested.irrelevant += 1;
-                return;
-            }
-        }
         // A relist is state, not churn: it does not count towards the event rates.
         let listing = match self.sync.relisting.get_mut(&key.kind) {
             Some(seen) => {
@@ -103,6 +95,30 @@ impl Engine {
             }
             None => false,
         };
+        if let Object::Pod(pod) = &obj {
+            self.publisher.seen(&key.id);
+            if !self.publisher.wants(&key.id) && self.store.pod(&key.id).is_none() {
+                // Named by no published endpoint. A new pod of a service under its cap (of
+                // a ReplicaSet it serves) is held once it is ready, so its slice finds it;
+                // the pod watcher sent it for that, and its event counts for that service
+                // as a skipped one would. Any other costs its decoding, nothing more.
+                let owners: Vec<NsName> = (pod.replicasets())
+                    .filter(|rs| self.publisher.owner_wanted(rs))
+                    .collect();
+                if !listing {
+                    for rs in &owners {
+                        self.skipped(rs, 1, now);
+                    }
+                }
+                if owners.is_empty() || !pod.is_ready() {
+                    self.ingested.irrelevant += 1;
+                    return;
+                }
+                self.ingested.relevant += 1;
+                self.store.change(&key, Some(obj));
+                return;
+            }
+        }
         self.change(key, Some(obj), now, !listing);
     }
 

@@ -81,6 +81,9 @@ pub struct Published {
     /// The pods its kept endpoints point at (their names are read again from those
     /// endpoints where needed).
     pub pods: PodSet,
+    /// The ReplicaSets of those pods, while it is a service under its cap: their new pods
+    /// are held as they come, before an endpoint names them ([`Publisher::owner_wanted`]).
+    pub owners: Vec<NsName>,
 }
 
 impl Published {
@@ -115,6 +118,8 @@ pub struct Publisher {
     awaiting: HashMap<Group, (Instant, bool)>,
     /// Whether the link follows the remote's Endpoints: a new Service waits for its own.
     endpoints_followed: bool,
+    /// The groups' [`Published::owners`], by how many groups want each.
+    owners: HashMap<NsName, u32>,
 }
 
 impl Publisher {
@@ -133,6 +138,7 @@ impl Publisher {
             tails: HashMap::new(),
             awaiting: HashMap::new(),
             endpoints_followed: false,
+            owners: HashMap::new(),
         }
     }
 
@@ -184,6 +190,14 @@ impl Publisher {
     /// True when some group's selection points at the pod.
     pub fn wants(&self, pod: &NsName) -> bool {
         self.wanted.contains(pod)
+    }
+
+    /// Whether a new pod of ReplicaSet `rs` is held as it comes, before any endpoint names
+    /// it: `rs` controls pods a service under its cap serves. Its next scale-up step names
+    /// the new pod a few milliseconds after the pod is written; held, the pod goes out ahead
+    /// of its slice without a fetch (guarantee 9).
+    pub fn owner_wanted(&self, rs: &NsName) -> bool {
+        self.owners.contains_key(rs)
     }
 
     /// The services whose selection points at the pod.
@@ -368,7 +382,16 @@ impl Publisher {
             .filter(|p| store.pod(p).is_none())
             .cloned()
             .collect();
+        // A service under its cap, published as it is (not frozen by its containment).
+        let grows =
+            matches!(g, Group::Service(_)) && desired.frozen.is_empty() && desired.truncated == 0;
+        let owners: BTreeSet<NsName> = (desired.pods.iter())
+            .filter(|_| grows)
+            .filter_map(|p| store.pod(p))
+            .flat_map(|p| p.replicasets())
+            .collect();
         self.set_pods(g, std::mem::take(&mut desired.pods), store);
+        self.set_owners(g, owners.into_iter().collect(), store);
 
         let st = self.groups.entry(g.clone()).or_default();
         let keys: BTreeSet<ObjKey> = desired
@@ -404,7 +427,7 @@ impl Publisher {
         st.endpoints_object = desired.endpoints_object;
         st.endpoints = desired.endpoints;
         st.truncated = desired.truncated;
-        if st.objects.is_empty() && st.pods.is_empty() {
+        if st.objects.is_empty() && st.pods.is_empty() && st.owners.is_empty() {
             // Nothing published, nothing wanted: the group's state goes with its service.
             self.groups.remove(g);
         }
@@ -421,6 +444,11 @@ impl Publisher {
     /// follows with what it holds).
     pub fn reset(&mut self) {
         self.flush();
+        for (rs, _) in self.owners.drain() {
+            if let Some(m) = &self.mirror {
+                m.want_owner(&rs, false);
+            }
+        }
         self.groups.clear();
         self.obj_refs.clear();
         self.wanted.clear();
@@ -486,6 +514,46 @@ impl Publisher {
             }
         }
         st.pods = pods;
+    }
+
+    /// The group's [`Published::owners`] become `owners`: a ReplicaSet no group wants any
+    /// more stops being followed, and its pods held before any endpoint named them, named by
+    /// none since, leave the store.
+    fn set_owners(&mut self, g: &Group, owners: Vec<NsName>, store: &mut Store) {
+        let st = self.groups.entry(g.clone()).or_default();
+        if st.owners == owners {
+            return;
+        }
+        let old = std::mem::replace(&mut st.owners, owners.clone());
+        for gone in old.iter().filter(|rs| !owners.contains(rs)) {
+            let Some(n) = self.owners.get_mut(gone) else {
+                continue;
+            };
+            *n -= 1;
+            if *n > 0 {
+                continue;
+            }
+            self.owners.remove(gone);
+            if let Some(m) = &self.mirror {
+                m.want_owner(gone, false);
+            }
+            let unnamed: Vec<PodHash> = (store.pods_of_replicaset(gone))
+                .filter(|p| !self.wanted.contains(p))
+                .map(PodHash::of_id)
+                .collect();
+            for pod in unnamed {
+                store.drop_pods(pod);
+            }
+        }
+        for new in owners.iter().filter(|rs| !old.contains(rs)) {
+            let n = self.owners.entry(new.clone()).or_default();
+            *n += 1;
+            if *n == 1
+                && let Some(m) = &self.mirror
+            {
+                m.want_owner(new, true);
+            }
+        }
     }
 
     /// Asks the caller for wanted pods the store lacks and of which nothing is known

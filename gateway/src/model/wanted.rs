@@ -92,10 +92,16 @@ impl PodSet {
     }
 }
 
-/// A shared set of wanted pods (cheap to clone: clones share it).
+/// A shared set of wanted pods (cheap to clone: clones share it), and of the ReplicaSets
+/// whose new pods are wanted before any endpoint names them: those of a calm service under its
+/// cap, whose next scale-up step names a pod a few milliseconds after the pod is written
+/// ([`crate::churn::publish`]). Held then, the pod is in the engine when its slice comes, and
+/// goes out ahead of it without a fetch.
 #[derive(Clone, Debug, Default)]
 pub struct WantedPods {
     set: Arc<RwLock<HashSet<PodHash>>>,
+    /// ReplicaSets by the [`PodHash`] of their namespace and name.
+    owners: Arc<RwLock<HashSet<PodHash>>>,
     /// True until the set is first filled: every pod is wanted.
     everything: Arc<AtomicBool>,
 }
@@ -115,6 +121,27 @@ impl WantedPods {
         }
         let set = self.set.read().unwrap_or_else(|e| e.into_inner());
         !set.is_empty() && set.contains(&PodHash::of(namespace, name))
+    }
+
+    /// Whether pod `namespace/name`, controlled by ReplicaSet `owner` if any, is wanted: by
+    /// its name, or as a new pod of a wanted ReplicaSet.
+    pub fn admits(&self, namespace: &str, name: &str, owner: Option<&str>) -> bool {
+        self.contains(namespace, name)
+            || owner.is_some_and(|rs| {
+                let owners = self.owners.read().unwrap_or_else(|e| e.into_inner());
+                !owners.is_empty() && owners.contains(&PodHash::of(namespace, rs))
+            })
+    }
+
+    /// Wants the new pods of ReplicaSet `rs` (`true`) or no longer (`false`).
+    pub fn want_owner(&self, rs: &NsName, wanted: bool) {
+        let mut owners = self.owners.write().unwrap_or_else(|e| e.into_inner());
+        let h = PodHash::of_id(rs);
+        if wanted {
+            owners.insert(h);
+        } else {
+            owners.remove(&h);
+        }
     }
 
     /// Wants `pod` (call before asking for it to be fetched).
@@ -182,5 +209,25 @@ mod tests {
             !WantedPods::default().contains("dev", "a"),
             "a default set wants nothing"
         );
+    }
+
+    #[test]
+    fn a_wanted_replicaset_admits_its_new_pods() {
+        let w = WantedPods::default();
+        w.insert(PodHash::of("prod", "web-0"));
+        assert!(w.admits("prod", "web-0", Some("web-rs")), "by its name");
+        assert!(!w.admits("prod", "web-1", Some("web-rs")));
+        w.want_owner(&NsName::new("prod", "web-rs"), true);
+        assert!(w.admits("prod", "web-1", Some("web-rs")), "by its owner");
+        assert!(
+            !w.admits("dev", "web-1", Some("web-rs")),
+            "in its namespace"
+        );
+        assert!(
+            !w.admits("prod", "web-1", None),
+            "an unowned pod by name only"
+        );
+        w.want_owner(&NsName::new("prod", "web-rs"), false);
+        assert!(!w.admits("prod", "web-1", Some("web-rs")));
     }
 }

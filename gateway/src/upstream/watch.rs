@@ -129,7 +129,7 @@ impl Watch<'_> {
             move |w| watcher::watcher(Api::<Wire<Pod>>::all(c.clone()), w),
             |p| wired(p, |p| Object::Pod(Arc::new(trim::pod(p).into()))),
             gate,
-            Some((wanted, Wire::skipped_owner)),
+            Some((wanted, Wire::owner)),
         );
     }
 
@@ -243,8 +243,8 @@ impl Watch<'_> {
     }
 }
 
-/// What a pod watcher skips: the pods nobody wants, and how to read a skipped one's
-/// ReplicaSet ([`Wire::skipped_owner`]).
+/// What a pod watcher skips: the pods nobody wants, and how to read a pod's ReplicaSet
+/// ([`Wire::owner`]).
 type Skipping<W> = (WantedPods, fn(&W) -> Option<&str>);
 
 /// A watcher's stream, as [`Watcher::open`] builds it: kube-rs's, with [`WATCH_BACKOFF`].
@@ -348,12 +348,12 @@ where
             Event::InitApply(w) | Event::Apply(w) => {
                 if let Some((wanted, owner_of)) = &self.wanted {
                     let m = w.meta();
-                    let (ns, name) = (m.namespace.as_deref(), m.name.as_deref());
-                    if !wanted.contains(ns.unwrap_or_default(), name.unwrap_or_default()) {
+                    let ns = m.namespace.as_deref().unwrap_or_default();
+                    let name = m.name.as_deref().unwrap_or_default();
+                    if !wanted.admits(ns, name, owner_of(&w)) {
                         self.counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
                         // A list is state, a watch event churn: counted for its service.
                         if live && let Some(owner) = owner_of(&w) {
-                            let ns = ns.unwrap_or_default();
                             self.counters.skipped(NsName::new(ns, owner));
                         }
                         return None;

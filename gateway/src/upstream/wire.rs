@@ -40,8 +40,8 @@ pub struct Wire<K> {
     metadata: OnceLock<Box<ObjectMeta>>,
     /// `None` when the object was not wanted as it was decoded ([`WANTED`]).
     json: Option<Box<str>>,
-    /// A skipped object's controller, when a ReplicaSet: its churn is still its service's
-    /// ([`Wire::skipped_owner`]).
+    /// The object's controller, when a ReplicaSet: a skipped pod's churn is still its
+    /// service's, and a new pod of a wanted ReplicaSet is kept ([`Wire::owner`]).
     owner: Option<Box<str>>,
     kind: PhantomData<fn() -> K>,
 }
@@ -83,9 +83,10 @@ impl<K> Wire<K> {
         self.json.is_none()
     }
 
-    /// The ReplicaSet that controls a skipped object, if one does: the pod watcher counts a
-    /// skipped pod's event as churn of the services that serve that ReplicaSet's pods.
-    pub fn skipped_owner(&self) -> Option<&str> {
+    /// The ReplicaSet that controls the object, if one does: the pod watcher counts a skipped
+    /// pod's event as churn of the services that serve that ReplicaSet's pods, and admits a
+    /// new pod of a wanted ReplicaSet ([`WantedPods::admits`]).
+    pub fn owner(&self) -> Option<&str> {
         self.owner.as_deref()
     }
 }
@@ -119,7 +120,7 @@ struct HeadMeta {
     owner_references: Vec<HeadOwner>,
 }
 
-/// An owner reference, as far as [`Wire::skipped_owner`] reads it.
+/// An owner reference, as far as [`Wire::owner`] reads it.
 #[derive(Deserialize)]
 struct HeadOwner {
     #[serde(default)]
@@ -143,23 +144,20 @@ impl<'de, K> Deserialize<'de> for Wire<K> {
         let meta = head.metadata.unwrap_or_default();
         let boxed = |s: Option<String>| s.map(String::into_boxed_str);
         let (name, namespace) = (boxed(meta.name), boxed(meta.namespace));
+        let owner = (meta.owner_references.into_iter())
+            .find(|o| o.controller == Some(true) && o.kind == "ReplicaSet")
+            .map(|o| o.name.into_boxed_str());
         let wanted = WANTED
             .try_with(|w| {
                 w.as_ref().is_none_or(|w| {
-                    w.contains(
+                    w.admits(
                         namespace.as_deref().unwrap_or_default(),
                         name.as_deref().unwrap_or_default(),
+                        owner.as_deref(),
                     )
                 })
             })
             .unwrap_or(true);
-        let owner = (!wanted)
-            .then(|| {
-                (meta.owner_references.into_iter())
-                    .find(|o| o.controller == Some(true) && o.kind == "ReplicaSet")
-                    .map(|o| o.name.into_boxed_str())
-            })
-            .flatten();
         Ok(Self {
             name,
             namespace,
@@ -341,16 +339,8 @@ mod tests {
         assert_eq!(kept.json(), POD);
         assert!(skipped.is_skipped());
         assert_eq!(skipped.name_any(), "web-1", "its identity stays");
-        assert_eq!(
-            skipped.skipped_owner(),
-            Some("web-rs"),
-            "and its ReplicaSet"
-        );
-        assert_eq!(
-            kept.skipped_owner(),
-            None,
-            "a kept pod's is read when it is decoded"
-        );
+        assert_eq!(skipped.owner(), Some("web-rs"), "and its ReplicaSet");
+        assert_eq!(kept.owner(), Some("web-rs"));
         assert_eq!(skipped.resource_version().as_deref(), Some("42"));
         assert_eq!(skipped.bytes(), 0);
         assert!(skipped.decode().is_err(), "nothing left to decode");
@@ -368,6 +358,10 @@ mod tests {
             .scope(Some(WantedPods::everything()), async { decode() })
             .await;
         assert!(everything.items.iter().all(|w| !w.is_skipped()));
+        // A new pod of a wanted ReplicaSet is kept before anything names it.
+        wanted.want_owner(&crate::model::NsName::new("prod", "web-rs"), true);
+        let list = WANTED.scope(Some(wanted), async { decode() }).await;
+        assert!(list.items.iter().all(|w| !w.is_skipped()));
     }
 
     #[test]

@@ -79,6 +79,101 @@ async fn a_new_pod_goes_out_a_lead_before_the_slice_that_names_it() {
     );
 }
 
+/// A ready pod controlled by ReplicaSet `rs`.
+fn mk_owned_pod(name: &str, rs: &str, ready: bool) -> Object {
+    let Object::Pod(p) = mk_ready_pod(name, ready) else {
+        unreachable!("a pod")
+    };
+    let mut pod = p.to_pod();
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: rs.into(),
+            uid: format!("uid-{rs}"),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    Object::Pod(Arc::new(pod.into()))
+}
+
+/// A synced engine serving `web` (under its cap) with pod web-1 of ReplicaSet `web-rs`.
+async fn serving_web_of_a_replicaset(spec: &LinkSpec) -> (Engine, Feeds) {
+    let e = synced(
+        spec,
+        vec![
+            mk_service("web", true),
+            mk_slice("web", "web-x", &[(1, true)]),
+            mk_owned_pod("web-1", "web-rs", true),
+        ],
+    );
+    let feeds = Feeds::of(e.view());
+    time::advance(Duration::from_secs(1)).await;
+    (e, feeds)
+}
+
+/// A scale-up step of a service under its cap: its ReplicaSet's new pod is held as it comes
+/// ready, before any endpoint names it, so the slice that names it asks no fetch: the pod goes
+/// out at once and the slice a `LEAD` later. A new pod not ready yet is not held.
+#[tokio::test(start_paused = true)]
+async fn a_new_ready_pod_of_a_served_replicaset_is_held_before_its_slice_names_it() {
+    let (mut e, mut feeds) = serving_web_of_a_replicaset(&mk_spec()).await;
+    apply(&mut e, mk_owned_pod("web-3", "web-rs", false));
+    apply(&mut e, mk_owned_pod("web-2", "web-rs", true));
+    assert!(polled(&mut e, &mut feeds).is_empty(), "nothing names them");
+    assert!(e.store.pod(&NsName::new("ns", "web-2")).is_some(), "held");
+    assert!(
+        e.store.pod(&NsName::new("ns", "web-3")).is_none(),
+        "not ready"
+    );
+    apply(&mut e, mk_slice("web", "web-x", &[(1, true), (2, true)]));
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Pod, EventType::Added, "web-2")],
+        "the pod first"
+    );
+    assert!(take_fetches(&mut e).is_empty(), "no fetch");
+    time::advance(LEAD - Duration::from_millis(1)).await;
+    assert!(polled(&mut e, &mut feeds).is_empty(), "not before the lead");
+    time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::EndpointSlice, EventType::Modified, "web-x")]
+    );
+}
+
+/// A capped service's ReplicaSet is not followed: a flood of its ready pods costs their
+/// decoding, no store, and a pod its kept endpoints come to name is fetched. Once the service
+/// is under its cap no more, the pods held ahead of it leave the store.
+#[tokio::test(start_paused = true)]
+async fn a_capped_services_new_pods_are_not_held_ahead() {
+    let mut spec = mk_spec();
+    spec.caps.max_endpoints_per_service = 2;
+    let (mut e, mut feeds) = serving_web_of_a_replicaset(&spec).await;
+    apply(&mut e, mk_owned_pod("web-2", "web-rs", true));
+    assert!(e.store.pod(&NsName::new("ns", "web-2")).is_some(), "held");
+    // Three ready endpoints: over the cap of 2.
+    apply(&mut e, mk_owned_pod("web-3", "web-rs", true));
+    apply(
+        &mut e,
+        mk_slice("web", "web-x", &[(1, true), (2, true), (3, true)]),
+    );
+    polled(&mut e, &mut feeds);
+    time::advance(Duration::from_secs(1)).await;
+    polled(&mut e, &mut feeds);
+    take_fetches(&mut e);
+    apply(&mut e, mk_owned_pod("web-4", "web-rs", true));
+    assert!(
+        e.store.pod(&NsName::new("ns", "web-4")).is_none(),
+        "capped: not held"
+    );
+    assert!(
+        e.store.pod(&NsName::new("ns", "web-3")).is_none(),
+        "held ahead, named by no kept endpoint: dropped with its ReplicaSet"
+    );
+}
+
 /// A pod the fetch finds absent holds nothing back: the slice goes at once (it names a pod that
 /// does not exist, as upstream's does).
 #[tokio::test(start_paused = true)]
