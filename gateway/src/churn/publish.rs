@@ -26,11 +26,12 @@ use tokio::time::Instant;
 
 use super::store::Store;
 use super::{Answer, Fetch};
-use crate::model::wanted::{PodHash, PodSet, WantedPods};
+use crate::model::wanted::{PodSet, WantedPods};
 use crate::model::{EndpointsObject, Group, HeldSlice, Kind, NsName, ObjKey, Object};
 use crate::view::{Change as ViewChange, View};
 
 mod desired;
+mod held;
 mod pending;
 pub mod stages;
 mod wanted;
@@ -190,14 +191,6 @@ impl Publisher {
     /// True when some group's selection points at the pod.
     pub fn wants(&self, pod: &NsName) -> bool {
         self.wanted.contains(pod)
-    }
-
-    /// Whether a new pod of ReplicaSet `rs` is held as it comes, before any endpoint names
-    /// it: `rs` controls pods a service under its cap serves. Its next scale-up step names
-    /// the new pod a few milliseconds after the pod is written; held, the pod goes out ahead
-    /// of its slice without a fetch (guarantee 9).
-    pub fn owner_wanted(&self, rs: &NsName) -> bool {
-        self.owners.contains_key(rs)
     }
 
     /// The services whose selection points at the pod.
@@ -483,77 +476,6 @@ impl Publisher {
             }
         }
         self.groups.insert(g, published);
-    }
-
-    /// The group's wanted pods become `pods`: new ones are wanted, the others released, and a
-    /// pod no group wants any more leaves the store.
-    fn set_pods(&mut self, g: &Group, pods: BTreeSet<NsName>, store: &mut Store) {
-        self.set_pod_hashes(g, pods.iter().map(PodHash::of_id).collect(), store);
-    }
-
-    /// [`Self::set_pods`], by hash.
-    pub(super) fn set_pod_hashes(&mut self, g: &Group, pods: PodSet, store: &mut Store) {
-        let Group::Service(svc) = g else {
-            return;
-        };
-        let st = self.groups.entry(g.clone()).or_default();
-        for gone in st.pods.without(&pods) {
-            if self.wanted.release(gone, svc) {
-                store.drop_pods(gone);
-                if let Some(m) = &self.mirror {
-                    m.remove(gone);
-                }
-            }
-        }
-        for new in pods.without(&st.pods) {
-            if self.wanted.add(new, svc)
-                && let Some(m) = &self.mirror
-            {
-                // Before any fetch of it is asked: a skipped event is covered by the fetch.
-                m.insert(new);
-            }
-        }
-        st.pods = pods;
-    }
-
-    /// The group's [`Published::owners`] become `owners`: a ReplicaSet no group wants any
-    /// more stops being followed, and its pods held before any endpoint named them, named by
-    /// none since, leave the store.
-    fn set_owners(&mut self, g: &Group, owners: Vec<NsName>, store: &mut Store) {
-        let st = self.groups.entry(g.clone()).or_default();
-        if st.owners == owners {
-            return;
-        }
-        let old = std::mem::replace(&mut st.owners, owners.clone());
-        for gone in old.iter().filter(|rs| !owners.contains(rs)) {
-            let Some(n) = self.owners.get_mut(gone) else {
-                continue;
-            };
-            *n -= 1;
-            if *n > 0 {
-                continue;
-            }
-            self.owners.remove(gone);
-            if let Some(m) = &self.mirror {
-                m.want_owner(gone, false);
-            }
-            let unnamed: Vec<PodHash> = (store.pods_of_replicaset(gone))
-                .filter(|p| !self.wanted.contains(p))
-                .map(PodHash::of_id)
-                .collect();
-            for pod in unnamed {
-                store.drop_pods(pod);
-            }
-        }
-        for new in owners.iter().filter(|rs| !old.contains(rs)) {
-            let n = self.owners.entry(new.clone()).or_default();
-            *n += 1;
-            if *n == 1
-                && let Some(m) = &self.mirror
-            {
-                m.want_owner(new, true);
-            }
-        }
     }
 
     /// Asks the caller for wanted pods the store lacks and of which nothing is known
