@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_link_crd::LinkSpec;
-use futures_util::future::{BoxFuture, OptionFuture};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
@@ -35,6 +34,7 @@ use crate::persist::LinkDir;
 use crate::upstream::{Message, UpstreamCounters};
 use crate::view::View;
 use crate::view::replica::NewTerm;
+use mode::{Mode, Progress};
 
 /// Where a link's state goes.
 pub(super) struct Outputs {
@@ -93,18 +93,10 @@ pub(super) struct LinkTask<W: Wire> {
     rx: mpsc::Receiver<Message>,
     commands: mpsc::Receiver<Command>,
     shutdown: watch::Receiver<bool>,
-    /// Reaching the remote, until it answers.
-    connecting: Option<BoxFuture<'static, Dialed<W::Remote>>>,
-    remote: Option<W::Remote>,
+    /// What it reads, and what it holds for that.
+    mode: Mode<W>,
     /// The current upstream run: messages of earlier runs are told apart by it and dropped.
     generation: u64,
-    upstream: Option<W::Watchers>,
-    /// Pod fetches the engine asked for; aborted with the upstream.
-    fetches: JoinSet<()>,
-    /// True while the view follows the Lease holder's ([`Command::Follow`]): `remote` is the
-    /// holder's facade, and `mirror` follows it.
-    follows_holder: bool,
-    mirror: JoinSet<()>,
     /// Whether the view has held a whole view of the holder's (then it is served, as a synced
     /// link's is, whoever publishes into it next).
     mirrored: watch::Sender<bool>,
@@ -151,13 +143,9 @@ impl<W: Wire> LinkTask<W> {
             rx,
             commands,
             shutdown,
-            connecting: None,
-            remote: None,
-            generation: 1,
-            upstream: None,
-            fetches: JoinSet::new(),
-            follows_holder: false,
-            mirror: JoinSet::new(),
+            mode: Mode::Off { holder: false },
+            // The first connection makes it 1.
+            generation: 0,
             mirrored,
             mirrored_rx,
             next_wake: None,
@@ -166,7 +154,7 @@ impl<W: Wire> LinkTask<W> {
             first_sync: Some(now),
             answer: None,
         };
-        task.connect(connect);
+        task.connect(connect, false);
         task
     }
 
@@ -180,22 +168,23 @@ impl<W: Wire> LinkTask<W> {
             }
             self.handle(happened).await;
         }
-        self.stop_upstream();
+        self.mode = Mode::Off { holder: false };
         tracing::info!("link stopped");
     }
 
     /// Waits for what happens next.
     async fn next(&mut self) -> Happened<W::Remote> {
         let far = Instant::now() + Duration::from_secs(3600);
-        let connecting = OptionFuture::from(self.connecting.as_mut());
         tokio::select! {
             biased;
             _ = self.shutdown.changed() => Happened::Shutdown,
             Some(cmd) = self.commands.recv() => Happened::Command(cmd),
-            Some(remote) = connecting => Happened::Connected(remote),
+            progress = self.mode.progress() => match progress {
+                Progress::Connected(dialed) => Happened::Connected(dialed),
+                Progress::Fetched => Happened::Woken,
+            },
             Some(msg) = self.rx.recv() => Happened::Changed(msg),
             () = sleep_until(self.next_wake.unwrap_or(far)) => Happened::Woken,
-            Some(_) = self.fetches.join_next(), if !self.fetches.is_empty() => Happened::Woken,
             Ok(()) = self.health.changed() => Happened::Woken,
             Ok(()) = self.mirrored_rx.changed() => Happened::Woken,
             () = self.counters.touched.notified(), if self.counts_wake_at.is_none() => {
@@ -259,17 +248,12 @@ impl<W: Wire> LinkTask<W> {
             Command::Quarantine(msg, reply) => (self.engine.quarantine(now, &msg), reply),
             Command::Follow(super::Reconnect(connect)) => {
                 tracing::info!("following the Lease holder's view; the view keeps serving");
-                self.stop_upstream();
-                self.mirror.abort_all();
-                self.remote = None;
-                self.generation += 1;
-                self.follows_holder = true;
                 self.engine.set_following();
-                self.connect(connect);
+                self.connect(connect, true);
                 return false;
             }
             Command::Reconnect(super::Reconnect(connect), term) => {
-                if self.follows_holder {
+                if self.mode.follows_holder() {
                     // No Lease read: a random step, above nothing recorded.
                     self.take_over(term.unwrap_or_else(|| NewTerm {
                         step: crate::credentials::incarnation(),
@@ -278,20 +262,14 @@ impl<W: Wire> LinkTask<W> {
                 } else {
                     tracing::info!("new credentials: reconnecting; the view keeps serving");
                 }
-                self.stop_upstream();
-                self.remote = None;
-                // Messages of the old upstream are told apart by their generation.
-                self.generation += 1;
-                self.connect(connect);
+                self.connect(connect, false);
                 return false;
             }
             Command::Disconnect(why) => {
                 tracing::info!(%why, "the upstream stops; the view keeps serving");
-                self.stop_upstream();
-                self.mirror.abort_all();
-                self.remote = None;
-                self.connecting = None;
-                self.generation += 1;
+                self.switch(Mode::Off {
+                    holder: self.mode.follows_holder(),
+                });
                 self.out.state.send_modify(|s| s.message = why);
                 return false;
             }
@@ -305,8 +283,7 @@ impl<W: Wire> LinkTask<W> {
     /// it followed it, and publishes only what changed on the remote meanwhile, in a new term
     /// of the view's own.
     fn take_over(&mut self, term: NewTerm) {
-        self.follows_holder = false;
-        self.mirror.abort_all();
+        self.switch(Mode::Off { holder: false });
         let followed = self.engine.view().resource_version();
         (self.engine.view()).begin_own_term(term);
         tracing::info!(
@@ -318,18 +295,27 @@ impl<W: Wire> LinkTask<W> {
         self.engine.adopt_view();
     }
 
-    /// Reaches the remote with `connect`, retrying with backoff until it answers.
-    fn connect(&mut self, connect: Connect) {
-        self.connecting = Some(Box::pin(connect_with_backoff(
+    /// Reaches the remote (or, with `holder`, the Lease holder's facade) with `connect`,
+    /// retrying with backoff until it answers; what the link read before is let go.
+    fn connect(&mut self, connect: Connect, holder: bool) {
+        let dialing = Box::pin(connect_with_backoff(
             self.wire.clone(),
             connect,
             self.out.clone(),
-        )));
+        ));
+        self.switch(Mode::Connecting { dialing, holder });
+    }
+
+    /// Goes over to `next`: what the old mode held goes with it (its watchers stop, its
+    /// fetches and follower are aborted), and messages of its run, told apart by their
+    /// generation, are dropped.
+    fn switch(&mut self, next: Mode<W>) {
+        self.mode = next;
+        self.generation += 1;
     }
 
     /// The remote answered: the watchers start, unless the link is quarantined.
     fn connected(&mut self, dialed: Dialed<W::Remote>) {
-        self.connecting = None;
         tracing::info!(
             servers = dialed.kinds.contains(&Kind::Server),
             "connected to the remote"
@@ -337,11 +323,26 @@ impl<W: Wire> LinkTask<W> {
         self.out.version.send_replace(dialed.version);
         (self.out.has_servers).send_replace(dialed.kinds.contains(&Kind::Server));
         self.engine.set_kinds(&dialed.kinds);
-        self.remote = Some(dialed.remote);
-        if self.follows_holder {
-            self.start_following();
-        } else if !matches!(self.engine.state(), State::Quarantined(_)) {
-            self.start_upstream();
+        let remote = dialed.remote;
+        if self.mode.follows_holder() {
+            let follow = self.wire.follow(
+                &remote,
+                self.engine.view().clone(),
+                self.counters.clone(),
+                self.mirrored.clone(),
+            );
+            let mut follower = JoinSet::new();
+            follower.spawn(tracing::Instrument::in_current_span(follow));
+            self.mode = Mode::Following { remote, follower };
+        } else {
+            self.mode = Mode::Reading {
+                remote,
+                watchers: None,
+                fetches: JoinSet::new(),
+            };
+            if !matches!(self.engine.state(), State::Quarantined(_)) {
+                self.start_upstream();
+            }
         }
     }
 
@@ -369,7 +370,12 @@ impl<W: Wire> LinkTask<W> {
             _ => None,
         };
         self.engine.ingest(msg.change, now);
-        if let (Some(kind), Some(u)) = (listed, &self.upstream)
+        if let (
+            Some(kind),
+            Mode::Reading {
+                watchers: Some(u), ..
+            },
+        ) = (listed, &self.mode)
             && u.listed(kind)
         {
             self.engine.pods_listing();
@@ -380,31 +386,33 @@ impl<W: Wire> LinkTask<W> {
     async fn effect(&mut self, effect: Effect, now: Instant) {
         match effect {
             Effect::StopUpstream => {
-                self.stop_upstream();
+                self.mode.stop_watchers();
                 tracing::warn!("upstream stopped: the link is quarantined");
             }
             Effect::StartUpstream => {
                 self.generation += 1;
-                if self.remote.is_some() && !self.follows_holder {
+                if self.mode.reading().is_some() {
                     self.start_upstream();
                     tracing::info!(generation = self.generation, "upstream restarted");
                 }
             }
             Effect::FetchPods(fetch) => {
-                if let Some(r) = self.remote.as_ref().filter(|_| !self.follows_holder) {
+                if let Mode::Reading {
+                    remote, fetches, ..
+                } = &mut self.mode
+                {
                     tracing::debug!(
                         pods = fetch.pods.len(),
                         "fetching pods kept endpoints point at"
                     );
                     let fetch = self.wire.fetch_pods(
-                        r,
+                        remote,
                         fetch,
                         self.generation,
                         self.tx.clone(),
                         self.counters.clone(),
                     );
-                    self.fetches
-                        .spawn(tracing::Instrument::in_current_span(fetch));
+                    fetches.spawn(tracing::Instrument::in_current_span(fetch));
                 }
             }
             Effect::Transition(t) if t.service.is_some() => {
@@ -437,44 +445,21 @@ impl<W: Wire> LinkTask<W> {
         }
     }
 
-    /// Follows the holder's view through the connected facade.
-    fn start_following(&mut self) {
-        if let Some(r) = &self.remote {
-            self.mirror.abort_all();
-            let follow = self.wire.follow(
-                r,
-                self.engine.view().clone(),
-                self.counters.clone(),
-                self.mirrored.clone(),
-            );
-            self.mirror
-                .spawn(tracing::Instrument::in_current_span(follow));
-        }
-    }
-
-    /// Starts a run of watchers on the connected remote (not on a holder's facade).
+    /// Starts a run of watchers on the remote it reads (not on a holder's facade).
     fn start_upstream(&mut self) {
-        if self.follows_holder {
-            return;
-        }
-        if let Some(r) = &self.remote {
+        if let Mode::Reading {
+            remote, watchers, ..
+        } = &mut self.mode
+        {
             self.engine.upstream_starts();
-            self.upstream = Some(self.wire.watch(
-                r,
+            *watchers = Some(self.wire.watch(
+                remote,
                 self.generation,
                 self.tx.clone(),
                 self.counters.clone(),
                 self.wanted.clone(),
             ));
         }
-    }
-
-    /// Stops the watchers and the pod fetches. A view that follows the holder's goes on
-    /// following it: a quarantine the holder recorded froze the holder's view already, and
-    /// its release shows in that view.
-    fn stop_upstream(&mut self) {
-        self.upstream = None;
-        self.fetches.abort_all();
     }
 
     /// Logs the first sync once, with what it took.
@@ -497,7 +482,7 @@ impl<W: Wire> LinkTask<W> {
         publish_state(
             &self.engine,
             &self.counters,
-            self.remote.is_some(),
+            self.mode.connected(),
             *self.mirrored_rx.borrow(),
             &self.transitions,
             &self.out,
@@ -505,5 +490,6 @@ impl<W: Wire> LinkTask<W> {
     }
 }
 
+mod mode;
 #[cfg(test)]
 mod tests;

@@ -574,3 +574,53 @@ async fn a_follower_that_follows_the_holders_quarantine_keeps_following_its_view
         "a follower starts no watchers, released or not"
     );
 }
+
+/// Reading the remote -> following the holder ([`Command::Follow`]): the remote's watchers stop
+/// (the mode that held them is let go), and the view follows the holder's.
+#[tokio::test(start_paused = true)]
+async fn following_the_holder_stops_the_watchers_of_the_remote() {
+    let holder = Link::start(0);
+    holder.run(1).await.list(&["a", "b"]).await;
+    holder.serves(&["a", "b"]).await;
+    let mut link = Link::start_with(0, Some(holder.view.clone()));
+    let own = link.run(1).await;
+    own.list(&["x"]).await;
+    link.serves(&["x"]).await;
+    assert!(own.is_live());
+    (link.commands)
+        .send(Command::Follow(super::super::Reconnect(no_credentials())))
+        .await
+        .expect("the task takes commands");
+    link.serves(&["a", "b"]).await;
+    link.until("connected to the holder", |s| s.connected).await;
+    assert!(!own.is_live(), "the remote's watchers stopped");
+}
+
+/// Following the holder -> reading the remote (a take-over): the follower is aborted, so the
+/// holder's view loses its one subscriber, and the link's own watchers start.
+#[tokio::test(start_paused = true)]
+async fn taking_over_stops_following_the_holder() {
+    let (holder, _holders_remote, follower) = holder_and_follower(&["a"]).await;
+    assert!(
+        holder.view.watched(),
+        "the follower subscribes to the holder's view"
+    );
+    (follower.commands)
+        .send(Command::Reconnect(
+            super::super::Reconnect(no_credentials()),
+            Some(crate::view::replica::NewTerm { step: 1, above: 0 }),
+        ))
+        .await
+        .expect("the task takes commands");
+    let run = follower.run(1).await;
+    assert!(run.is_live(), "its own watchers run");
+    let mut let_go = false;
+    for _ in 0..600 {
+        if !holder.view.watched() {
+            let_go = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(let_go, "the follower still follows the holder's view");
+}
