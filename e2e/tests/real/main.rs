@@ -158,3 +158,14 @@ async fn served_services(fg: &Floodgate) -> Result<usize, String> {
         .map(|l| l.items.len())
         .map_err(|e| e.to_string())
 }
+
+/// The WARN lines `fg` logged after the first `from` bytes of its log, as the binary's default
+/// filter (`info,kube_client=error`) keeps them: the harness runs it at `info`, which also
+/// shows kube-client's line per watch retry.
+fn warns_since(fg: &Floodgate, from: usize) -> Vec<String> {
+    let text = fg.log_text();
+    (text.get(from..).unwrap_or_default().lines())
+        .filter(|l| l.contains(" WARN ") && !l.contains(" kube_client"))
+        .map(str::to_owned)
+        .collect()
+}
