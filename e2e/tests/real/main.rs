@@ -11,6 +11,8 @@
 //! - [`s1_rate`]: 15,000 crash-looping pods under `endpointsPerService`, contained by their rate;
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
 //!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
+//! - [`balancer`]: two API servers on one etcd behind a TCP balancer, one of them sent SIGTERM
+//!   and restarted (its watches resume on the other, nothing lost, no relist);
 //! - [`refusal`]: the link's ClusterRoleBinding deleted on the remote, then put back;
 //! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
@@ -26,6 +28,7 @@
 //! whole (no ready endpoint without its pod, in the resolver's cache), and the link is
 //! `Degraded` within 10 s of the outage.
 
+mod balancer;
 mod controller;
 mod drop_in;
 mod linkerd_check;
