@@ -12,7 +12,8 @@
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
 //!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
 //! - [`balancer`]: two API servers on one etcd behind a TCP balancer, one of them sent SIGTERM
-//!   and restarted (its watches resume on the other, nothing lost, no relist);
+//!   and restarted (its watches resume on the other; consumers see every change, no 410 and
+//!   no relist);
 //! - [`refusal`]: the link's ClusterRoleBinding deleted on the remote, then put back;
 //! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
