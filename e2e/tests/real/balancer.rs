@@ -215,9 +215,9 @@ async fn one_of_two_api_servers_behind_a_balancer_restarted_gracefully_loses_not
         "Healthy while A lingers: {timeline:?}"
     );
     // Not yet what issue 52 asks (Healthy throughout, no upstream relist): at A's exit one
-    // watcher's resume may fail as A closes its connections (hyper's `SendRequest`: most
-    // likely sent on a pooled one to A), which marks the remote unreachable for `QUIET`
-    // (7 s); and the kinds nothing changed since
+    // watcher's resume may fail as A closes its connections (hyper's `SendRequest`: A ended
+    // a watch cleanly, the connection was pooled, the resume reused it and A closed it), which
+    // marks the remote unreachable for `QUIET` (7 s); and the kinds nothing changed since
     // A's watch cache began resume from that cache's first version, older than B's cache,
     // so B answers 410 and they relist (docs/faults.md). Bounded here: at most one Degraded
     // spell, after A's exit, of at most 10 s (guarantee 8); relists only those 410s, one a
