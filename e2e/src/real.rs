@@ -4,13 +4,16 @@
 //! `system:masters`), service-account tokens signed by a key of our own (so the TokenRequest API
 //! works) and a serving certificate from a CA of our own. [`RealKube`] hands tests a kubeconfig
 //! as [`crate::RunningSim`] does, and can SIGKILL and restart the API server against the same
-//! etcd. Beside it, the Go programs the tests drive: the client-go resolver consumer
+//! etcd, start a second one on that etcd ([`RealKube::second_apiserver`]) and put a TCP
+//! balancer in front of both ([`Balancer`]), as managed control planes run. Beside it, the Go programs the tests drive: the client-go resolver consumer
 //! ([`Resolver`]) and the crash-loop driver ([`Crashloop`]). Every child is killed on drop.
 //!
 //! The server runs no controller-manager, scheduler or kubelet: the crash-loop driver writes
 //! what those would, and nothing else moves. Its `ServiceAccount` admission plugin is off, as no
 //! token controller creates a namespace's `default` account.
 
+mod apiserver;
+mod balancer;
 mod crashloop;
 mod resolver;
 
@@ -22,6 +25,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
+pub use apiserver::ApiServer;
+pub use balancer::Balancer;
 pub use crashloop::Crashloop;
 pub use resolver::{Resolver, ResolverMode, ResolverReport};
 
@@ -31,9 +36,6 @@ pub const BIN_ENV: &str = "FLOODGATE_REALKUBE_BIN";
 
 /// The admin's bearer token (user `admin`, group `system:masters`).
 pub const ADMIN_TOKEN: &str = "realkube-admin-token";
-
-/// How long the API server may take to answer `/readyz` (about 2.5 s on an idle 2-core machine).
-const READY_SECS: u64 = 90;
 
 /// One of the lane's Go binaries: under `$FLOODGATE_REALKUBE_BIN`, else `<target>/realkube/bin`
 /// beside the running test's target directory. Missing, it names the command that builds it.
@@ -72,10 +74,7 @@ pub struct RealKube {
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
     etcd: Child,
-    apiserver: Option<Child>,
-    apiserver_args: Vec<OsString>,
-    /// Every (re)start of the API server appends to this log.
-    apiserver_log: PathBuf,
+    apiserver: ApiServer,
 }
 
 impl RealKube {
@@ -114,9 +113,9 @@ impl RealKube {
             "tokens.csv",
             &format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
         )?;
-        let port = crate::process::free_addr().port();
-        let url = format!("https://127.0.0.1:{port}");
-        let mut args: Vec<OsString> = Vec::new();
+        let addr = crate::process::free_addr();
+        let (port, url) = (addr.port(), format!("https://{addr}"));
+        let mut args: Vec<OsString> = vec![apiserver_bin.into()];
         let mut flag = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
             let mut f = OsString::from(format!("--{k}="));
             f.push(v.as_ref());
@@ -150,113 +149,75 @@ impl RealKube {
         // The lane's writers are its own: no fairness queues to wait in at start.
         flag("enable-priority-and-fairness", &"false");
         flag("v", &"1");
-        let kubeconfig = write(
-            "admin.kubeconfig",
-            &crate::sim::kubeconfig(&url, ADMIN_TOKEN, Some(&tls.ca_pem), "realkube"),
-        )?;
-        let apiserver_log = path.join("apiserver.log");
+        let admin = crate::sim::kubeconfig(&url, ADMIN_TOKEN, Some(&tls.ca_pem), "realkube");
+        let kubeconfig = write("admin.kubeconfig", &admin)?;
+        let apiserver = ApiServer::new(addr, args, admin, path.join("apiserver.log"));
         let mut kube = Self {
             url,
             ca_pem: tls.ca_pem,
             kubeconfig,
             etcd,
-            apiserver: None,
-            apiserver_args: args,
-            apiserver_log,
+            apiserver,
             dir,
         };
-        kube.apiserver_args.insert(0, apiserver_bin.into());
         kube.start_apiserver().await?;
         Ok(kube)
+    }
+
+    /// A second API server on the same etcd, started and ready: the same flags, certificates
+    /// and service-account keys, its own port, log (`apiserver-NAME.log`) and cert directory.
+    /// The serving certificate names 127.0.0.1, so it serves any port there, a balancer's too.
+    pub async fn second_apiserver(&self, name: &str) -> anyhow::Result<ApiServer> {
+        let addr = crate::process::free_addr();
+        let port = addr.port().to_string().into();
+        let argv = self.apiserver.argv_with(&[
+            ("secure-port", port),
+            ("cert-dir", self.dir().join(format!("certs-{name}")).into()),
+        ]);
+        let url = format!("https://{addr}");
+        let log = self.dir().join(format!("apiserver-{name}.log"));
+        let mut peer = ApiServer::new(addr, argv, self.kubeconfig_at(&url), log);
+        peer.start().await?;
+        Ok(peer)
+    }
+
+    /// The admin's kubeconfig (YAML) for the API at `url` (a balancer in front of the servers,
+    /// say), trusting the servers' CA.
+    pub fn kubeconfig_at(&self, url: &str) -> String {
+        crate::sim::kubeconfig(url, ADMIN_TOKEN, Some(&self.ca_pem), "realkube")
+    }
+
+    /// The first API server.
+    pub fn apiserver(&mut self) -> &mut ApiServer {
+        &mut self.apiserver
     }
 
     /// Starts the API server (again, after [`Self::kill_apiserver`]) with the same flags, port
     /// and etcd, and waits until it is ready.
     pub async fn start_apiserver(&mut self) -> anyhow::Result<()> {
-        let (bin, args) = self
-            .apiserver_args
-            .split_first()
-            .context("the API server's command line")?;
-        let child = Command::new(bin)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(log_file(&self.apiserver_log)?)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting kube-apiserver")?;
-        self.apiserver = Some(child);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(READY_SECS);
-        while !self.ready().await {
-            if let Some(status) = self.apiserver.as_mut().and_then(|c| c.try_wait().ok()?) {
-                anyhow::bail!(
-                    "kube-apiserver exited before it was ready: {status}; {}",
-                    tail(&self.apiserver_log)
-                );
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "kube-apiserver was not ready within {READY_SECS} s; {}",
-                tail(&self.apiserver_log)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        self.apiserver.start().await
     }
 
     /// SIGKILLs the API server and reaps it (etcd stays).
     pub async fn kill_apiserver(&mut self) -> anyhow::Result<()> {
-        let mut child = self
-            .apiserver
-            .take()
-            .context("the API server is not running")?;
-        child.kill().await?;
-        Ok(())
+        self.apiserver.kill().await
     }
 
     /// Sends the API server SIGTERM (a rolling upgrade, a drained control-plane node): it stops
     /// listening at once, keeps its open watches silent, and exits about a minute later.
     pub fn terminate_apiserver(&self) -> anyhow::Result<()> {
-        let pid = self
-            .apiserver_pid()
-            .context("the API server is not running")?;
-        let ok = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        anyhow::ensure!(ok, "SIGTERM to kube-apiserver {pid}");
-        Ok(())
+        self.apiserver.terminate()
     }
 
     /// Waits up to `within` for the API server to exit (after [`Self::terminate_apiserver`]),
     /// and reaps it.
     pub async fn wait_apiserver_exit(&mut self, within: Duration) -> anyhow::Result<()> {
-        let mut child = self
-            .apiserver
-            .take()
-            .context("the API server is not running")?;
-        match tokio::time::timeout(within, child.wait()).await {
-            Ok(status) => {
-                status?;
-                Ok(())
-            }
-            Err(_) => {
-                child.kill().await?;
-                anyhow::bail!("kube-apiserver did not exit within {within:?}; killed")
-            }
-        }
+        self.apiserver.wait_exit(within).await
     }
 
     /// Whether `/readyz` answers `ok`.
     pub async fn ready(&self) -> bool {
-        let Ok(client) = self.client().await else {
-            return false;
-        };
-        let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
-            return false;
-        };
-        tokio::time::timeout(Duration::from_secs(2), client.request_text(req))
-            .await
-            .is_ok_and(|r| r.is_ok_and(|body| body.trim() == "ok"))
+        self.apiserver.ready().await
     }
 
     /// The admin's kubeconfig (YAML).
@@ -286,12 +247,12 @@ impl RealKube {
 
     /// The API server's process id.
     pub fn apiserver_pid(&self) -> Option<u32> {
-        self.apiserver.as_ref().and_then(Child::id)
+        self.apiserver.pid()
     }
 
     /// The end of the API server's log (for failure messages).
     pub fn apiserver_log_tail(&self) -> String {
-        tail(&self.apiserver_log)
+        self.apiserver.log_tail()
     }
 
     /// etcd's process id.

@@ -11,6 +11,9 @@
 //! - [`s1_rate`]: 15,000 crash-looping pods under `endpointsPerService`, contained by their rate;
 //! - [`outage`]: the API server SIGKILLed and restarted against the same etcd, and sent
 //!   SIGTERM (it stops listening, keeps its watches silent, exits a minute later);
+//! - [`balancer`]: two API servers on one etcd behind a TCP balancer, one of them sent SIGTERM
+//!   and restarted (its watches resume on the other; consumers see every change, no 410 and
+//!   no relist);
 //! - [`refusal`]: the link's ClusterRoleBinding deleted on the remote, then put back;
 //! - [`removal`]: three of five exported services deleted at once (a link-wide removal);
 //! - [`controller`]: the shipped manifests applied under real RBAC, `floodgate controller` as its
@@ -26,6 +29,7 @@
 //! whole (no ready endpoint without its pod, in the resolver's cache), and the link is
 //! `Degraded` within 10 s of the outage.
 
+mod balancer;
 mod controller;
 mod drop_in;
 mod linkerd_check;
@@ -157,4 +161,15 @@ async fn served_services(fg: &Floodgate) -> Result<usize, String> {
         .await
         .map(|l| l.items.len())
         .map_err(|e| e.to_string())
+}
+
+/// The WARN lines `fg` logged after the first `from` bytes of its log, as the binary's default
+/// filter (`info,kube_client=error`) keeps them: the harness runs it at `info`, which also
+/// shows kube-client's line per watch retry.
+fn warns_since(fg: &Floodgate, from: usize) -> Vec<String> {
+    let text = fg.log_text();
+    (text.get(from..).unwrap_or_default().lines())
+        .filter(|l| l.contains(" WARN ") && !l.contains(" kube_client"))
+        .map(str::to_owned)
+        .collect()
 }

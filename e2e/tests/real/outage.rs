@@ -12,13 +12,16 @@ use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::{CALM, calm_services, calm_whole, floodgate, resolver_whole, spec};
+use super::{CALM, calm_services, calm_whole, floodgate, resolver_whole, spec, warns_since};
 
 /// The link's phases, each with the seconds since the timeline began.
-type Timeline = Arc<Mutex<Vec<(f64, String)>>>;
+pub(super) type Timeline = Arc<Mutex<Vec<(f64, String)>>>;
 
 /// The link's phase every 250 ms from the admin API, with the time since `since`.
-fn phase_timeline(fg: &Floodgate, since: Instant) -> (Timeline, tokio::task::JoinHandle<()>) {
+pub(super) fn phase_timeline(
+    fg: &Floodgate,
+    since: Instant,
+) -> (Timeline, tokio::task::JoinHandle<()>) {
     let timeline = Timeline::default();
     let (keep, addr) = (timeline.clone(), fg.admin);
     let task = tokio::spawn(async move {
@@ -40,7 +43,7 @@ fn phase_timeline(fg: &Floodgate, since: Instant) -> (Timeline, tokio::task::Joi
 }
 
 /// The first time at or after `from` (seconds) the timeline shows `phase`.
-fn first(timeline: &Timeline, phase: &str, from: f64) -> Option<f64> {
+pub(super) fn first(timeline: &Timeline, phase: &str, from: f64) -> Option<f64> {
     let t = timeline.lock().expect("timeline");
     t.iter()
         .find(|(at, p)| p == phase && *at >= from)
@@ -68,6 +71,7 @@ async fn outage_api_server_killed_and_restarted_against_the_same_etcd() {
 
     let t0 = Instant::now();
     let (timeline, task) = phase_timeline(&fg, t0);
+    let from = fg.log_text().len();
     kube.kill_apiserver().await.expect("SIGKILL");
     // Floodgate keeps serving its view while the remote is gone.
     for at in [2, 8, 14] {
@@ -117,10 +121,13 @@ async fn outage_api_server_killed_and_restarted_against_the_same_etcd() {
         .find(|(_, p)| p == "Degraded")
         .map(|(t, _)| *t);
     println!("  Degraded at {degraded:?} s, the server back at {returned:.1} s");
+    let warns = warns_since(&fg, from);
+    println!("  WARN lines since the kill: {warns:#?}");
     assert!(
         degraded.is_some_and(|t| t <= 10.0),
         "Degraded within 10 s: {timeline:?}"
     );
+    assert!(warns.len() <= 2, "at most two WARN lines: {warns:#?}");
 }
 
 /// SIGTERM, as a rolling upgrade sends it: the server stops listening but keeps every open
@@ -134,6 +141,7 @@ async fn outage_api_server_stopped_gracefully_is_seen_within_seconds() {
 
     let t0 = Instant::now();
     let (timeline, task) = phase_timeline(&fg, t0);
+    let from = fg.log_text().len();
     kube.terminate_apiserver().expect("SIGTERM");
     floodgate_e2e::until(10, "the link Degraded after the SIGTERM", async || {
         first(&timeline, "Degraded", 0.0).is_some()
@@ -166,8 +174,11 @@ async fn outage_api_server_stopped_gracefully_is_seen_within_seconds() {
         reached.as_secs_f64()
     );
     println!("  link phase timeline (s since the SIGTERM): {timeline:?}");
+    let warns = warns_since(&fg, from);
+    println!("  WARN lines since the SIGTERM: {warns:#?}");
     assert!(degraded.is_some_and(|t| t <= 10.0), "{timeline:?}");
     assert!(healthy.is_some_and(|t| t - ready <= 10.0), "{timeline:?}");
+    assert!(warns.len() <= 2, "at most two WARN lines: {warns:#?}");
 }
 
 /// A service created on the remote after its return: how long until Floodgate lists it, once

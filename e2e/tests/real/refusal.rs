@@ -9,7 +9,7 @@ use floodgate_e2e::process::Floodgate;
 use floodgate_e2e::real::RealKube;
 
 use super::controller::account_kubeconfig;
-use super::{CALM, calm_services, served_services, spec, write};
+use super::{CALM, calm_services, served_services, spec, warns_since, write};
 
 const READER: &str = r#"
 apiVersion: v1
@@ -69,6 +69,7 @@ async fn the_links_role_taken_away_is_degraded_and_named_and_the_view_kept() {
     .await;
 
     let revoked = Instant::now();
+    let from = fg.log_text().len();
     kube.kubectl(&["delete", "-f", &binding.display().to_string()])
         .await
         .expect("the binding deleted");
@@ -105,4 +106,7 @@ async fn the_links_role_taken_away_is_degraded_and_named_and_the_view_kept() {
         restored.elapsed().as_secs_f64()
     );
     assert_eq!(served_services(&fg).await, Ok(CALM));
+    let warns = warns_since(&fg, from);
+    println!("  WARN lines since the binding was deleted: {warns:#?}");
+    assert!(warns.len() <= 2, "at most two WARN lines: {warns:#?}");
 }

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::Api;
 use kube::api::PostParams;
 
-use super::{floodgate, spec};
+use super::{floodgate, spec, warns_since};
 
 async fn create(kube: &RealKube, ns: &str, names: &[&str]) {
     let client = kube.client().await.expect("client");
@@ -94,6 +94,7 @@ async fn three_of_five_exported_services_deleted_at_once_quarantine_the_link() {
     assert_eq!(link(&fg).await["phase"], "Healthy");
 
     let at = Instant::now();
+    let from = fg.log_text().len();
     kube.kubectl(&["delete", "services", "--all", "-n", "doomed"])
         .await
         .expect("delete the namespace's services");
@@ -111,6 +112,10 @@ async fn three_of_five_exported_services_deleted_at_once_quarantine_the_link() {
     assert_eq!(served(&fg).await, five, "consumers still served all five");
     let reason = v["message"].as_str().unwrap_or_default().to_owned();
 
+    // The fault's lines, up to the operator's release (which logs its own).
+    let warns = warns_since(&fg, from);
+    let released_from = fg.log_text().len();
+
     let token = fg.admin_token.clone().expect("admin token");
     let (code, v) = admin::call(fg.admin, "POST", "/links/east/release", Some(&token), "")
         .await
@@ -124,4 +129,7 @@ async fn three_of_five_exported_services_deleted_at_once_quarantine_the_link() {
         quarantined.as_secs_f64(),
         reason
     );
+    let release = warns_since(&fg, released_from);
+    println!("  WARN lines of the mass removal: {warns:#?}; of the release: {release:#?}");
+    assert!(warns.len() <= 2, "at most two WARN lines: {warns:#?}");
 }
