@@ -85,9 +85,9 @@ async fn counters(fg: &Floodgate) -> serde_json::Value {
 /// SIGTERM, and while it lingers (about 60 s, its open watches kept), after it exits and after
 /// it is back, services are created through B. The link stays `Healthy` while A lingers (A's
 /// old watches go on delivering), the consumer sees no error and no relist, and every service
-/// reaches it within 10 s; at most two WARN lines. At A's exit the link may still turn `Degraded`
-/// for a few seconds and relists its quiet kinds upstream (see below), which issue 52 asks
-/// to be gone.
+/// reaches it within 10 s; at most two WARN lines; the link `Healthy` throughout, A's exit
+/// included. It still relists its quiet kinds upstream at A's exit (see below), which issue
+/// 52 asks to be gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real API server: make test-real"]
 async fn one_of_two_api_servers_behind_a_balancer_restarted_gracefully_loses_nothing() {
@@ -205,39 +205,17 @@ async fn one_of_two_api_servers_behind_a_balancer_restarted_gracefully_loses_not
     );
     println!("  consumer: {inits} list(s), errors {errors:?}");
     println!("  Floodgate's upstream lines since the SIGTERM: {upstream:#?}");
-    // Healthy while A lingers: the probe's fresh connections reach B. A closes its
-    // connections a moment before the test sees it exit (0.15 s measured).
-    let exited_s = exited.as_secs_f64() - 1.0;
+    // Healthy throughout: while A lingers the probe's fresh connections reach B, and at A's
+    // exit a watcher whose resume breaks on a connection A closes is a suspicion the probe
+    // checks on B (`Health::suspect`), not an outage.
     assert!(
-        (timeline.iter())
-            .filter(|(t, _)| *t < exited_s)
-            .all(|(_, p)| p == "Healthy"),
-        "Healthy while A lingers: {timeline:?}"
+        timeline.iter().all(|(_, p)| p == "Healthy"),
+        "Healthy throughout: {timeline:?}"
     );
-    // Not yet what issue 52 asks (Healthy throughout, no upstream relist): at A's exit one
-    // watcher's resume may fail as A closes its connections (hyper's `SendRequest`: A ended
-    // a watch cleanly, the connection was pooled, the resume reused it and A closed it), which
-    // marks the remote unreachable for `QUIET` (7 s); and the kinds nothing changed since
-    // A's watch cache began resume from that cache's first version, older than B's cache,
-    // so B answers 410 and they relist (docs/faults.md). Bounded here: at most one Degraded
-    // spell, after A's exit, of at most 10 s (guarantee 8); relists only those 410s, one a
-    // watcher at most.
-    let degraded: Vec<_> = (timeline.windows(2))
-        .filter(|w| w[0].1 != "Healthy")
-        .map(|w| (w[0].0, w[1].0 - w[0].0))
-        .collect();
-    assert_eq!(
-        timeline.last().map(|(_, p)| p.as_str()),
-        Some("Healthy"),
-        "{timeline:?}"
-    );
-    assert!(
-        degraded.len() <= 1
-            && degraded
-                .iter()
-                .all(|(at, len)| *at >= exited_s && *len <= 10.0),
-        "at most one Degraded spell, after A's exit, within 10 s: {timeline:?}"
-    );
+    // Not yet what issue 52 asks (no upstream relist): the kinds nothing changed since A's
+    // watch cache began resume from that cache's first version, older than B's cache, so B
+    // answers 410 and they relist (docs/faults.md). Bounded here: relists only those 410s, one
+    // a watcher at most.
     let relists = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap_or_default();
     let relisted = relists(&after, "upstreamRelists") - relists(&before, "upstreamRelists");
     let expired =

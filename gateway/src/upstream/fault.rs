@@ -45,6 +45,20 @@ pub fn needs_relist(e: &watcher::Error) -> bool {
     }
 }
 
+/// Whether a watcher's request broke on its connection with no answer from the remote (the
+/// connection refused, reset or closed under it): the remote may be gone, or only that
+/// connection ([`super::health::Health::suspect`]).
+pub fn is_transport(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => {
+            matches!(e, kube::Error::HyperError(_) | kube::Error::Service(_))
+        }
+        _ => false,
+    }
+}
+
 /// The remote's answer when it refused our credentials (401 Unauthorized: an expired or
 /// revoked token; 403 Forbidden: RBAC that no longer lets us read), from a request or a watch.
 pub fn refusal(e: &kube::Error) -> Option<&kube::core::Status> {

@@ -19,13 +19,22 @@
 //! connection) or does not answer within [`LIVENESS_TIMEOUT`]: `Degraded` within about 6 s,
 //! whatever the open watches do. Behind a balancer, another server answers and the link stays
 //! `Healthy`.
+//!
+//! A watcher whose connection breaks with no answer from the remote ([`Health::suspect`]) does
+//! not mark it unreachable by itself: a server that exits closes the connections it kept (the
+//! pool may hand a watcher's resume one of them), and behind a balancer another server answers.
+//! The probe asks at once, twice if its first try breaks on such a connection, and only if the
+//! remote does not answer does it count as unreachable, with the watcher's reason. The same
+//! watcher breaking again within [`QUIET`] is a failure: a remote that answers probes but breaks
+//! a watch each time is not a healthy one.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::Client;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 /// How often an unreachable remote is asked whether it is back.
@@ -81,6 +90,11 @@ pub struct Health {
     down_since: Mutex<Option<(Instant, bool)>>,
     /// Outages so far.
     outages: std::sync::atomic::AtomicU64,
+    /// When each watcher last broke on its connection ([`Health::suspect`]).
+    suspects: Mutex<HashMap<&'static str, Instant>>,
+    /// The reason of the suspicion the probe is asked to check, and its wake-up.
+    suspicion: Mutex<Option<String>>,
+    check: Notify,
 }
 
 impl Default for Health {
@@ -90,6 +104,9 @@ impl Default for Health {
             last_failure: Mutex::new(None),
             down_since: Mutex::new(None),
             outages: std::sync::atomic::AtomicU64::new(0),
+            suspects: Mutex::new(HashMap::new()),
+            suspicion: Mutex::new(None),
+            check: Notify::new(),
         }
     }
 }
@@ -120,6 +137,33 @@ impl Health {
             tracing::debug!(%reason, "the remote is still unreachable");
         }
         first
+    }
+
+    /// Watcher `who`'s connection broke with no answer from the remote: the probe checks the
+    /// remote at once and marks it unreachable, with `reason`, only if it does not answer. A
+    /// failure at once if the remote is marked already, or `who` broke within [`QUIET`] before.
+    pub fn suspect(&self, who: &'static str, reason: impl std::fmt::Display) {
+        let now = Instant::now();
+        let again = {
+            let mut suspects = self.suspects.lock().unwrap_or_else(|e| e.into_inner());
+            let before = suspects.insert(who, now);
+            before.is_some_and(|t| now.duration_since(t) < QUIET)
+        };
+        if again || self.state.borrow().is_some() {
+            self.failed(reason);
+            return;
+        }
+        (self.suspicion.lock().unwrap_or_else(|e| e.into_inner()))
+            .get_or_insert_with(|| reason.to_string());
+        self.check.notify_one();
+    }
+
+    /// The suspicion to check, if any (taken).
+    fn take_suspicion(&self) -> Option<String> {
+        self.suspicion
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Logs once, at WARN, an outage that has lasted past [`LONG_OUTAGE`].
@@ -211,21 +255,37 @@ pub(super) async fn probe(
                     }
                     continue;
                 }
+                () = health.health.check.notified() => {}
                 () = timer => {}
             }
-            let asked = tokio::time::timeout(LIVENESS_TIMEOUT, services.list_metadata(&one)).await;
-            let failure = match asked {
-                Ok(Ok(_)) => continue,
-                Ok(Err(e)) => match super::fault::refusal(&e) {
-                    Some(s) => {
-                        health.refusals.fetch_add(1, Ordering::Relaxed);
-                        super::fault::refused(s, "listing services")
-                    }
-                    None => format!("listing services: {e}"),
-                },
-                Err(_) => format!("listing services: no answer within {LIVENESS_TIMEOUT:?}"),
-            };
-            health.health.failed(failure);
+            let suspicion = health.health.take_suspicion();
+            // A suspicion is tried twice: its first try may break on a connection the
+            // stopping server closed too.
+            let tries = if suspicion.is_some() { 2 } else { 1 };
+            let mut failure = None;
+            for _ in 0..tries {
+                let asked =
+                    tokio::time::timeout(LIVENESS_TIMEOUT, services.list_metadata(&one)).await;
+                failure = match asked {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(match super::fault::refusal(&e) {
+                        Some(s) => {
+                            health.refusals.fetch_add(1, Ordering::Relaxed);
+                            super::fault::refused(s, "listing services")
+                        }
+                        None => format!("listing services: {e}"),
+                    }),
+                    Err(_) => Some(format!(
+                        "listing services: no answer within {LIVENESS_TIMEOUT:?}"
+                    )),
+                };
+                if failure.is_none() {
+                    break;
+                }
+            }
+            if let Some(failure) = failure {
+                health.health.failed(suspicion.unwrap_or(failure));
+            }
             continue;
         }
         tokio::time::sleep(PROBE_EVERY).await;
@@ -258,5 +318,31 @@ mod tests {
         tokio::time::advance(QUIET).await;
         assert!(h.clear_if_quiet());
         assert_eq!(h.unreachable(), None);
+    }
+
+    /// A watcher's broken connection is a suspicion for the probe to check, not an outage; the
+    /// same watcher breaking again within `QUIET` is one, with its reason.
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_watch_is_checked_before_it_counts_and_a_second_counts() {
+        let h = Health::default();
+        h.suspect("Service", "watching Service: connection closed");
+        h.suspect("Pod", "watching Pod: connection closed");
+        assert_eq!(h.unreachable(), None, "suspected, not marked");
+        assert_eq!(
+            h.take_suspicion().as_deref(),
+            Some("watching Service: connection closed"),
+            "the first suspicion is checked"
+        );
+        tokio::time::timeout(Duration::from_secs(1), h.check.notified())
+            .await
+            .expect("the probe is woken");
+        tokio::time::advance(QUIET).await;
+        h.suspect("Service", "watching Service: connection closed");
+        assert_eq!(h.unreachable(), None, "a QUIET later: a new suspicion");
+        h.suspect("Service", "watching Service: connection refused");
+        let u = h
+            .unreachable()
+            .expect("the same watcher again: unreachable");
+        assert!(u.reason.contains("connection refused"), "{u}");
     }
 }

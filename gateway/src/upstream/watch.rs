@@ -23,7 +23,8 @@ use tokio::task::JoinSet;
 
 use super::admit::{Refused, refuse, typed, wired};
 use super::fault::{
-    FORCED_RELIST_BACKOFF, is_decode_error, is_expired, needs_relist, refused, watch_refusal,
+    FORCED_RELIST_BACKOFF, is_decode_error, is_expired, is_transport, needs_relist, refused,
+    watch_refusal,
 };
 use super::strategy::{ListStrategy, refuses_streaming};
 use super::wire::{self, Wire};
@@ -419,6 +420,12 @@ where
                 .health
                 .failed(refused(s, &format!("watching {kind}")));
             tracing::debug!(kind, error = %e, "upstream watch refused; retrying with backoff");
+        } else if is_transport(&e) {
+            // Maybe the remote, maybe this connection only: the probe asks at once.
+            counters
+                .health
+                .suspect(kind, format_args!("watching {kind}: {e}"));
+            tracing::debug!(kind, error = %e, "upstream watch broke; retrying with backoff");
         } else {
             // An outage is logged once by `health`, not once per retry.
             counters.health.failed(format_args!("watching {kind}: {e}"));
