@@ -41,6 +41,7 @@ pub mod publish;
 pub mod quarantine;
 pub mod removal;
 pub mod restore;
+pub mod role;
 mod schedule;
 
 pub use io::{Answer, Change, Counters, Effect, Fetch, Fetched};
@@ -57,6 +58,7 @@ use self::flood::{FloodDetector, Trigger};
 use self::publish::Publisher;
 use self::quarantine::{Machine, RequestError, State, StateName, Transition};
 use self::removal::RemovalGuard;
+use self::role::Role;
 use self::schedule::Scheduler;
 use self::store::Store;
 use crate::model::{Group, Kind, NsName, ObjKey};
@@ -108,12 +110,9 @@ pub struct Engine {
     containment: Containment,
     machine: Machine,
     sync: Sync,
-    /// False on a replica that does not hold the link's Lease: floods are measured, never
-    /// acted on (the holder decides; this replica follows its record).
-    deciding: bool,
-    /// True while the link's view follows the Lease holder's, version for version: the engine
-    /// publishes nothing ([`Engine::adopt_view`] ends it).
-    following: bool,
+    /// What it does with the link: decide, measure only (another replica holds the Lease),
+    /// follow the holder's view, or take it over.
+    role: Role,
     /// After a quarantine: converge every group to upstream through the budget.
     republish: bool,
     /// Every service is to be judged against the thresholds from the state held, not only
@@ -149,8 +148,7 @@ impl Engine {
                 kinds: kinds.to_vec(),
                 ..Sync::default()
             },
-            deciding: true,
-            following: false,
+            role: Role::Deciding,
             republish: false,
             assess: true,
             effects: Vec::new(),
@@ -172,15 +170,15 @@ impl Engine {
     pub fn set_deciding(&mut self, deciding: bool) {
         // A replica that takes the decisions over judges what it holds at once: a service
         // already over its thresholds may change no more, and would never be contained.
-        self.assess |= deciding && !self.deciding;
-        self.deciding = deciding;
+        self.assess |= deciding && !self.role.decides();
+        self.role = self.role.deciding(deciding);
     }
 
     /// Stops publishing: the view follows the Lease holder's as it is ([`Engine::adopt_view`]
     /// takes it over).
     pub fn set_following(&mut self) {
         self.publisher.flush();
-        self.following = true;
+        self.role = self.role.following();
     }
 
     /// Shares the pods the engine wants with the upstream pod watcher, which then skips
@@ -329,7 +327,7 @@ impl Engine {
     /// Contains a service that floods on its own; too many contained at once quarantine the
     /// link.
     fn contain(&mut self, svc: &NsName, now: Instant, trigger: Trigger) {
-        if !self.deciding || self.machine.is_frozen() {
+        if !self.role.decides() || self.machine.is_frozen() {
             return;
         }
         if let Some(t) = self.containment.contain(svc, now, trigger) {
@@ -341,7 +339,7 @@ impl Engine {
     }
 
     fn trip(&mut self, now: Instant, trigger: Trigger) {
-        if !self.deciding {
+        if !self.role.decides() {
             // Another replica holds the link's Lease: it decides, this one follows its record.
             return;
         }

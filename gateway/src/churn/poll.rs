@@ -25,11 +25,11 @@ impl Engine {
         {
             self.trip(now, self.flood.link_trigger(over));
         }
-        if self.assess && self.deciding && all_synced && !self.machine.is_frozen() {
+        if self.assess && self.role.decides() && all_synced && !self.machine.is_frozen() {
             self.assess = false;
             self.assess_services(now);
         }
-        if !self.machine.is_frozen() && self.deciding {
+        if !self.machine.is_frozen() && self.role.decides() {
             let (store, flood) = (&self.store, &self.flood);
             let over = |svc: &NsName| flood.check_endpoints(svc, store.endpoint_count(svc));
             for t in self.containment.tick(now, all_synced, over) {
@@ -58,7 +58,7 @@ impl Engine {
             self.publisher.next_deadline(),
             self.removals.next_deadline(),
         ];
-        if self.machine.is_frozen() || !all_synced || self.following {
+        if self.machine.is_frozen() || !all_synced || self.role.follows() {
             return earliest(deadlines);
         }
         if !self.sync.once {

@@ -87,7 +87,7 @@ impl Engine {
     /// only what changed on the remote meanwhile (unchanged objects are no change), and what
     /// is gone upstream is deleted.
     pub fn adopt_view(&mut self) {
-        self.following = false;
+        self.role = self.role.adopted();
         let objects: BTreeMap<ObjKey, Object> = (crate::model::Kind::ALL.iter())
             .flat_map(|k| self.view().list(*k).items)
             .map(|s| (s.object.key(), s.object.clone()))
