@@ -201,6 +201,29 @@ pub async fn until(secs: u64, what: &str, mut cond: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// What `view` published after `resource_version`, every kind, as `(kind, name)` in version
+/// order: a test that asserts a step published nothing makes a change after it, waits for
+/// that (the positive signal), and finds it alone here.
+pub fn published_since(
+    view: &floodgate::view::View,
+    resource_version: u64,
+) -> Vec<(floodgate::model::Kind, String)> {
+    let mut events: Vec<(u64, floodgate::model::Kind, String)> = (floodgate::model::Kind::ALL
+        .iter())
+    .flat_map(|k| {
+        let (missed, _) = view
+            .watch_from(*k, resource_version)
+            .unwrap_or_else(|e| panic!("{} from {resource_version}: {e:?}", k.name()));
+        missed.into_iter().map(move |e| {
+            let key = e.object.object.key();
+            (e.resource_version, *k, key.id.name.to_string())
+        })
+    })
+    .collect();
+    events.sort();
+    events.into_iter().map(|(_, k, n)| (k, n)).collect()
+}
+
 /// The next event of a kube-rs watcher, within 10 s; panics on an error or an end.
 pub async fn next_event<K, S>(s: &mut S) -> watcher::Event<K>
 where

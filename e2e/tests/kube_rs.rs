@@ -114,8 +114,11 @@ async fn timed_out_watches_resume_without_duplicates() {
             Event::Apply(s) => seen.push(s.endpoints.unwrap_or_default()[i].addresses[0].clone()),
             other => panic!("expected an update, got {other:?}"),
         }
-        // Let the 1 s watch expire between changes.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // The 1 s watch times out between changes (kube-rs renews it when next polled).
+        floodgate_e2e::until(10, "the watch timed out", async || {
+            sim.api.open_watches() == 0
+        })
+        .await;
     }
     seen.dedup();
     assert_eq!(seen.len(), 3, "each change exactly once: {seen:?}");

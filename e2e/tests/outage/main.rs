@@ -87,7 +87,11 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
         "etcdserver: request timed out",
     )));
     cluster.roll_pod("web", 0);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    floodgate_e2e::until(10, "the link sees the outage", async || {
+        let link = stack.link();
+        link.upstream.errors > 0 && link.phase == Phase::Degraded
+    })
+    .await;
     assert_eq!(view.resource_version(), rv, "the last view is kept");
     assert!(
         events.try_recv().is_err(),
@@ -126,37 +130,39 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        events.try_recv().is_err(),
-        "no spurious event after recovery"
-    );
+    // A change after the recovery, once consumers have it, proves the recovery was taken in:
+    // it is the first slice event since.
+    cluster.roll_pod("api", 0);
+    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("converges")
+        .expect("event");
+    assert_eq!(got, "apply api-00000", "no spurious event after recovery");
 
     // A 410 storm: every watcher relists; nothing changed, so nothing is published.
     let relists = stack.link().upstream.relists;
     let rv = view.resource_version();
     store.expire_all_watches();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while stack.link().upstream.relists < relists + 5 {
-        assert!(tokio::time::Instant::now() < deadline, "the link relisted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        view.resource_version(),
-        rv,
-        "a relist without changes publishes nothing"
-    );
-    assert!(
-        events.try_recv().is_err(),
-        "consumers saw no spurious DELETE/ADD"
-    );
+    floodgate_e2e::until(30, "the link relisted", async || {
+        stack.link().upstream.relists >= relists + 5
+    })
+    .await;
+    // The same proof after the relists: api's roll is the first slice event, and api's
+    // objects alone were published since.
     cluster.roll_pod("api", 1);
     let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
         .await
         .expect("converges")
         .expect("event");
-    assert_eq!(got, "apply api-00000");
+    assert_eq!(
+        got, "apply api-00000",
+        "consumers saw no spurious DELETE/ADD"
+    );
+    let since = floodgate_e2e::published_since(&view, rv);
+    assert!(
+        !since.is_empty() && since.iter().all(|(_, name)| name.starts_with("api")),
+        "a relist without changes publishes nothing: {since:?}"
+    );
 }
 
 /// A link whose remote cannot be reached reports Degraded and answers 503 with
