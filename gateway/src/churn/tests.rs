@@ -114,6 +114,25 @@ pub(crate) fn mk_ready_pod(name: &str, ready: bool) -> Object {
     ))
 }
 
+/// A running pod whose `Ready` condition is `ready`, controlled by ReplicaSet `rs`.
+pub(crate) fn mk_owned_pod(name: &str, rs: &str, ready: bool) -> Object {
+    let Object::Pod(p) = mk_ready_pod(name, ready) else {
+        unreachable!("a pod")
+    };
+    let mut pod = p.to_pod();
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: rs.into(),
+            uid: format!("uid-{rs}"),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    Object::Pod(Arc::new(pod.into()))
+}
+
 const KINDS: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Pod];
 
 /// An engine whose first sync delivered `objects`.

@@ -443,25 +443,6 @@ async fn a_restored_containment_serves_its_saved_state() {
     assert_eq!(e.view().len(Kind::Service), 2, "the calm service is served");
 }
 
-/// A ready pod of `name` whose controller is ReplicaSet `rs`.
-fn owned_pod(name: &str, rs: &str) -> Object {
-    let Object::Pod(p) = mk_ready_pod(name, true) else {
-        unreachable!("mk_ready_pod makes a Pod")
-    };
-    let mut pod = p.to_pod();
-    pod.metadata.owner_references = Some(vec![
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "ReplicaSet".into(),
-            name: rs.into(),
-            uid: format!("uid-{rs}"),
-            controller: Some(true),
-            ..Default::default()
-        },
-    ]);
-    Object::Pod(Arc::new(pod.into()))
-}
-
 /// A crash loop whose pods are mostly beyond what is served: the pod watcher skips their
 /// events, and the few that reach the engine stay under `serviceEventsPerSecond`. The skipped
 /// events still count, for the service that serves their ReplicaSet's pods: it is contained
@@ -473,8 +454,8 @@ async fn a_flood_whose_events_are_skipped_is_contained_all_the_same() {
     let mut world = calm_world();
     world.push(mk_service("hot", true));
     world.push(mk_slice("hot", "hot-1", &[(1, true), (2, true)]));
-    world.push(owned_pod("hot-1", "hot-rs"));
-    world.push(owned_pod("hot-2", "hot-rs"));
+    world.push(mk_owned_pod("hot-1", "hot-rs", true));
+    world.push(mk_owned_pod("hot-2", "hot-rs", true));
     let mut e = synced(&spec, world);
     assert!(e.contained().is_empty());
     let rs = svc("hot-rs");

@@ -79,25 +79,6 @@ async fn a_new_pod_goes_out_a_lead_before_the_slice_that_names_it() {
     );
 }
 
-/// A ready pod controlled by ReplicaSet `rs`.
-fn mk_owned_pod(name: &str, rs: &str, ready: bool) -> Object {
-    let Object::Pod(p) = mk_ready_pod(name, ready) else {
-        unreachable!("a pod")
-    };
-    let mut pod = p.to_pod();
-    pod.metadata.owner_references = Some(vec![
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "ReplicaSet".into(),
-            name: rs.into(),
-            uid: format!("uid-{rs}"),
-            controller: Some(true),
-            ..Default::default()
-        },
-    ]);
-    Object::Pod(Arc::new(pod.into()))
-}
-
 /// A synced engine serving `web` (under its cap) with pod web-1 of ReplicaSet `web-rs`.
 async fn serving_web_of_a_replicaset(spec: &LinkSpec) -> (Engine, Feeds) {
     let e = synced(
