@@ -12,7 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::ListParams;
 
-use super::slice_events;
+use super::{next_slice_event, slice_events};
 
 /// The remote goes away for `outage` (listener closed, every connection dropped) and comes
 /// back on the same port: the link says `Degraded` within 10 s and serves its view throughout;
@@ -53,10 +53,7 @@ async fn a_dead_remote_is_degraded_and_back_quickly(outage: Duration) {
     stack.chaos.restart().await.expect("restart");
     let back = tokio::time::Instant::now();
     cluster.roll_pod("web", 0);
-    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("the change after the restart within 10 s")
-        .expect("event");
+    let got = next_slice_event(&mut events, 10, "the change after the restart within 10 s").await;
     assert_eq!(got, "apply web-00000");
     eprintln!(
         "the first change after the restart arrived in {:?}",
@@ -64,10 +61,7 @@ async fn a_dead_remote_is_degraded_and_back_quickly(outage: Duration) {
     );
     // A second change is the marker: whatever came before it came in between.
     cluster.roll_pod("api", 1);
-    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("the marker")
-        .expect("event");
+    let got = next_slice_event(&mut events, 10, "the marker").await;
     assert_eq!(got, "apply api-00000", "no other event");
     floodgate_e2e::until(20, "Healthy again", async || {
         stack.link().phase == Phase::Healthy
@@ -130,10 +124,7 @@ async fn a_remote_that_goes_away_quietly_is_degraded_within_seconds(how: Quietly
         Quietly::Refuses => stack.chaos.faults.refuse.store(false, Ordering::Relaxed),
     }
     let back = tokio::time::Instant::now();
-    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("the change made meanwhile within 10 s")
-        .expect("event");
+    let got = next_slice_event(&mut events, 10, "the change made meanwhile within 10 s").await;
     assert_eq!(got, "apply web-00000");
     floodgate_e2e::until(10, "Healthy again", async || {
         stack.link().phase == Phase::Healthy

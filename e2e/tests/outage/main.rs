@@ -21,6 +21,18 @@ use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::watcher;
 
+/// The next slice event `events` gets within `secs`, or a panic naming `what`.
+pub(crate) async fn next_slice_event(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    secs: u64,
+    what: &str,
+) -> String {
+    tokio::time::timeout(Duration::from_secs(secs), events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {secs} s"))
+        .expect("the watcher goes on")
+}
+
 /// Watches `slices` through its initial sync, then reports each later event as
 /// `apply NAME`, `delete NAME`, `init`, `initapply NAME` or `initdone`.
 pub(crate) async fn slice_events(
@@ -104,10 +116,7 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
 
     // Recovery: the change made while down arrives, and nothing else.
     store.set_failing(None);
-    let got = tokio::time::timeout(Duration::from_secs(30), events.recv())
-        .await
-        .expect("converges")
-        .expect("event");
+    let got = next_slice_event(&mut events, 30, "converges").await;
     assert_eq!(got, "apply web-00000");
     // The slice's watcher may be back before the Pod and Endpoints watchers, which back off on
     // their own clocks: the roll is in only when the pod's new address is in all three.
@@ -133,10 +142,7 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
     // A change after the recovery, once consumers have it, proves the recovery was taken in:
     // it is the first slice event since.
     cluster.roll_pod("api", 0);
-    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("converges")
-        .expect("event");
+    let got = next_slice_event(&mut events, 10, "converges").await;
     assert_eq!(got, "apply api-00000", "no spurious event after recovery");
 
     // A 410 storm: every watcher relists; nothing changed, so nothing is published.
@@ -150,10 +156,7 @@ async fn s3_an_upstream_outage_and_a_410_storm_leave_consumers_calm() {
     // The same proof after the relists: api's roll is the first slice event, and api's
     // objects alone were published since.
     cluster.roll_pod("api", 1);
-    let got = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("converges")
-        .expect("event");
+    let got = next_slice_event(&mut events, 10, "converges").await;
     assert_eq!(
         got, "apply api-00000",
         "consumers saw no spurious DELETE/ADD"
