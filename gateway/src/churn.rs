@@ -98,6 +98,18 @@ impl Sync {
     }
 }
 
+/// Work over everything held that the engine owes: set when something happens, carried out
+/// by a later [`Engine::poll`] once the upstream has listed.
+#[derive(Debug)]
+struct Owed {
+    /// After a quarantine: converge every group to upstream through the budget.
+    republish: bool,
+    /// Every service is to be judged against the thresholds from the state held, not only
+    /// from the changes that come: set when this engine starts deciding (at start, on taking
+    /// the Lease, after a restore), carried out once the upstream has listed.
+    assess: bool,
+}
+
 /// The engine of one link: an upstream cache, a publication schedule, a publisher, the
 /// containment of services that flood and the quarantine of the link.
 #[derive(Debug)]
@@ -113,12 +125,7 @@ pub struct Engine {
     /// What it does with the link: decide, measure only (another replica holds the Lease),
     /// follow the holder's view, or take it over.
     role: Role,
-    /// After a quarantine: converge every group to upstream through the budget.
-    republish: bool,
-    /// Every service is to be judged against the thresholds from the state held, not only
-    /// from the changes that come: set when this engine starts deciding (at start, on taking
-    /// the Lease, after a restore), carried out once the upstream has listed.
-    assess: bool,
+    owed: Owed,
     effects: Vec<Effect>,
     ingested: Ingested,
 }
@@ -149,8 +156,10 @@ impl Engine {
                 ..Sync::default()
             },
             role: Role::Deciding,
-            republish: false,
-            assess: true,
+            owed: Owed {
+                republish: false,
+                assess: true,
+            },
             effects: Vec::new(),
             ingested: Ingested::default(),
         };
@@ -170,7 +179,7 @@ impl Engine {
     pub fn set_deciding(&mut self, deciding: bool) {
         // A replica that takes the decisions over judges what it holds at once: a service
         // already over its thresholds may change no more, and would never be contained.
-        self.assess |= deciding && !self.role.decides();
+        self.owed.assess |= deciding && !self.role.decides();
         self.role = self.role.deciding(deciding);
     }
 
@@ -376,7 +385,7 @@ impl Engine {
                 if t.from == StateName::Quarantined {
                     self.effects.push(Effect::StartUpstream);
                 }
-                self.republish = true;
+                self.owed.republish = true;
             }
         }
         self.effects.push(Effect::Transition(t));

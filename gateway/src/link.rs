@@ -278,15 +278,14 @@ pub fn spawn_restored(
         selector: spec.select.services.clone(),
         linkerd_namespace: spec.target_cluster_linkerd_namespace.clone(),
     };
-    let link = task::LinkTask::new(
-        wire,
-        &spec,
-        view.clone(),
-        (dir, seed),
-        out,
-        (commands, shutdown),
+    let setup = task::Setup {
+        spec,
+        view: view.clone(),
         connect,
-    );
+        dir,
+        seed,
+    };
+    let link = task::LinkTask::new(wire, setup, out, commands, shutdown);
     let task = tokio::spawn(
         link.run()
             .instrument(tracing::info_span!("link", link = %name)),

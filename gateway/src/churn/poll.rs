@@ -25,8 +25,8 @@ impl Engine {
         {
             self.trip(now, self.flood.link_trigger(over));
         }
-        if self.assess && self.role.decides() && all_synced && !self.machine.is_frozen() {
-            self.assess = false;
+        if self.owed.assess && self.role.decides() && all_synced && !self.machine.is_frozen() {
+            self.owed.assess = false;
             self.assess_services(now);
         }
         if !self.machine.is_frozen() && self.role.decides() {
@@ -64,11 +64,11 @@ impl Engine {
         if !self.sync.once {
             // The first sync goes out at once and whole: consumers must sync fast.
             self.publish_all(now);
-            self.republish = false;
+            self.owed.republish = false;
         }
-        if self.republish {
+        if self.owed.republish {
             // After a quarantine: converge to upstream through the budget.
-            self.republish = false;
+            self.owed.republish = false;
             let mut all: BTreeSet<Group> = self.store.groups().into_iter().collect();
             all.extend(self.publisher.published_groups().cloned());
             for g in all {

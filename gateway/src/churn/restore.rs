@@ -78,7 +78,7 @@ impl Engine {
                 .restore(&c.service, now, c.since, c.trigger, c.cooldown);
         }
         // What was saved is judged again once the remote has listed, with the rest.
-        self.assess = true;
+        self.owed.assess = true;
     }
 
     /// Takes over the view as it is (one that followed the Lease holder's, version for version)
@@ -99,7 +99,7 @@ impl Engine {
         self.publisher.refresh_wanted();
         self.sync.clear();
         self.sync.once = false;
-        self.assess = true;
+        self.owed.assess = true;
     }
 
     /// Puts saved objects in the view (published at `now`) and rebuilds the groups that

@@ -24,7 +24,7 @@ use tokio::time::{Instant, sleep_until};
 use super::persist::{Persist, contained_snapshot, restore, save, spawn_persister};
 use super::state::{Tally, publish_state};
 use super::wire::{Dialed, Watchers as _, Wire, connect_with_backoff};
-use super::{BATCH, Command, Connect, LinkState, UPSTREAM_QUEUE};
+use super::{BATCH, Command, Connect, LinkState};
 use crate::churn::quarantine::{RequestError, State, Transition};
 use crate::churn::restore::Saved;
 use crate::churn::{Change, Effect, Engine};
@@ -34,7 +34,10 @@ use crate::persist::LinkDir;
 use crate::upstream::{Message, UpstreamCounters};
 use crate::view::View;
 use crate::view::replica::NewTerm;
-use mode::{Mode, Progress};
+use holder_synced::HolderSynced;
+use inputs::Inputs;
+use mode::{Mode, Progress, Source};
+use timers::Timers;
 
 /// Where a link's state goes.
 pub(super) struct Outputs {
@@ -43,6 +46,19 @@ pub(super) struct Outputs {
     pub transitions: broadcast::Sender<Transition>,
     pub version: watch::Sender<Option<Value>>,
     pub has_servers: watch::Sender<bool>,
+}
+
+/// What a link task is set up with: its spec, the view it serves, how it reaches the remote,
+/// and where what it saved before (a quarantine, contained services) is restored from.
+pub(super) struct Setup {
+    pub spec: LinkSpec,
+    pub view: View,
+    pub connect: Connect,
+    /// Its state directory: the quarantine and containments are saved there and restored from
+    /// it. `None`: nothing is saved.
+    pub dir: Option<LinkDir>,
+    /// A quarantine a peer saved (cluster mode), restored before the directory's.
+    pub seed: Option<Saved>,
 }
 
 /// An operator's answer, sent once its transition's effects are carried out and the new state
@@ -66,15 +82,11 @@ enum Happened<R> {
     /// is polled and the state published.
     Woken,
     /// The watchers or the follower counted something ([`UpstreamCounters::touch`]): the state
-    /// is published, and counts wake the task again only after [`STATE_REFRESH`].
+    /// is published, and counts wake the task again only after [`timers::STATE_REFRESH`].
     Counted,
-    /// [`STATE_REFRESH`] has passed since the last [`Happened::Counted`].
+    /// [`timers::STATE_REFRESH`] has passed since the last [`Happened::Counted`].
     Rearmed,
 }
-
-/// How often, at most, a link publishes its state again for what its watchers and its
-/// follower count; an idle link is not woken at all.
-const STATE_REFRESH: Duration = Duration::from_secs(1);
 
 /// A running link.
 pub(super) struct LinkTask<W: Wire> {
@@ -84,74 +96,55 @@ pub(super) struct LinkTask<W: Wire> {
     /// Saves and clears the quarantine and containments, with a state directory.
     persist: Option<mpsc::Sender<Persist>>,
     counters: Arc<UpstreamCounters>,
-    /// Wakes the task when the remote stops or starts answering.
-    health: watch::Receiver<Option<crate::upstream::health::Unreachable>>,
     /// The pods the engine wants: the pod watcher decodes only those.
     wanted: WantedPods,
-    /// The upstream's queue; each run of watchers gets a sender.
-    tx: mpsc::Sender<Message>,
-    rx: mpsc::Receiver<Message>,
-    commands: mpsc::Receiver<Command>,
-    shutdown: watch::Receiver<bool>,
-    /// What it reads, and what it holds for that.
-    mode: Mode<W>,
-    /// The current upstream run: messages of earlier runs are told apart by it and dropped.
-    generation: u64,
-    /// Whether the view has held a whole view of the holder's (then it is served, as a synced
-    /// link's is, whoever publishes into it next).
-    mirrored: watch::Sender<bool>,
-    mirrored_rx: watch::Receiver<bool>,
-    next_wake: Option<Instant>,
-    /// Until when counts do not wake the task ([`Happened::Counted`]); `None`: they do.
-    counts_wake_at: Option<Instant>,
+    inputs: Inputs,
+    /// What it reads, and which run of it is current.
+    source: Source<W>,
+    holder_synced: HolderSynced,
+    timers: Timers,
     transitions: Tally,
-    /// When the link began, until its first sync is logged.
-    first_sync: Option<Instant>,
     answer: Option<Answer>,
 }
 
 impl<W: Wire> LinkTask<W> {
-    /// A link serving `view` that will connect with `connect`, restored from its state
-    /// directory or from `seed` when it was quarantined.
+    /// A link serving `setup.view` that will connect with `setup.connect`, restored from its
+    /// state directory or from `setup.seed` when it was quarantined; it runs until `shutdown`
+    /// changes.
     pub(super) fn new(
         wire: W,
-        spec: &LinkSpec,
-        view: View,
-        (dir, seed): (Option<LinkDir>, Option<Saved>),
+        setup: Setup,
         out: Outputs,
-        (commands, shutdown): (mpsc::Receiver<Command>, watch::Receiver<bool>),
-        connect: Connect,
+        commands: mpsc::Receiver<Command>,
+        shutdown: watch::Receiver<bool>,
     ) -> Self {
+        let Setup {
+            spec,
+            view,
+            connect,
+            dir,
+            seed,
+        } = setup;
         let now = Instant::now();
         // Until discovery says whether the remote serves Linkerd's Servers, expect every kind.
-        let mut engine = Engine::new(spec, &Kind::ALL, view.clone(), now);
+        let mut engine = Engine::new(&spec, &Kind::ALL, view.clone(), now);
         restore(&mut engine, dir.as_ref(), seed, now);
         let counters = Arc::new(UpstreamCounters::default());
         let wanted = WantedPods::everything();
         engine.mirror_wanted(wanted.clone());
-        let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
-        let (mirrored, mirrored_rx) = watch::channel(false);
+        let inputs = Inputs::new(commands, shutdown, counters.health.subscribe());
         let mut task = Self {
             wire: Arc::new(wire),
             engine,
             out: Arc::new(out),
             persist: dir.map(|d| spawn_persister(d, view)),
-            health: counters.health.subscribe(),
             counters,
             wanted,
-            tx,
-            rx,
-            commands,
-            shutdown,
-            mode: Mode::Off { holder: false },
-            // The first connection makes it 1.
-            generation: 0,
-            mirrored,
-            mirrored_rx,
-            next_wake: None,
-            counts_wake_at: None,
+            inputs,
+            source: Source::new(),
+            holder_synced: HolderSynced::new(),
+            timers: Timers::new(now),
             transitions: Tally::default(),
-            first_sync: Some(now),
             answer: None,
         };
         task.connect(connect, false);
@@ -168,7 +161,7 @@ impl<W: Wire> LinkTask<W> {
             }
             self.handle(happened).await;
         }
-        self.mode = Mode::Off { holder: false };
+        self.source.mode = Mode::Off { holder: false };
         tracing::info!("link stopped");
     }
 
@@ -177,22 +170,21 @@ impl<W: Wire> LinkTask<W> {
         let far = Instant::now() + Duration::from_secs(3600);
         tokio::select! {
             biased;
-            _ = self.shutdown.changed() => Happened::Shutdown,
-            Some(cmd) = self.commands.recv() => Happened::Command(cmd),
-            progress = self.mode.progress() => match progress {
+            _ = self.inputs.shutdown.changed() => Happened::Shutdown,
+            Some(cmd) = self.inputs.commands.recv() => Happened::Command(cmd),
+            progress = self.source.mode.progress() => match progress {
                 Progress::Connected(dialed) => Happened::Connected(dialed),
                 Progress::Fetched => Happened::Woken,
             },
-            Some(msg) = self.rx.recv() => Happened::Changed(msg),
-            () = sleep_until(self.next_wake.unwrap_or(far)) => Happened::Woken,
-            Ok(()) = self.health.changed() => Happened::Woken,
-            Ok(()) = self.mirrored_rx.changed() => Happened::Woken,
-            () = self.counters.touched.notified(), if self.counts_wake_at.is_none() => {
+            Some(msg) = self.inputs.rx.recv() => Happened::Changed(msg),
+            () = sleep_until(self.timers.next_wake.unwrap_or(far)) => Happened::Woken,
+            Ok(()) = self.inputs.health.changed() => Happened::Woken,
+            Ok(()) = self.holder_synced.changed() => Happened::Woken,
+            () = self.counters.touched.notified(), if self.timers.counts_wake_at.is_none() => {
                 Happened::Counted
             }
-            () = sleep_until(self.counts_wake_at.unwrap_or(far)), if self.counts_wake_at.is_some() => {
-                Happened::Rearmed
-            }
+            () = sleep_until(self.timers.counts_wake_at.unwrap_or(far)),
+                if self.timers.counts_wake_at.is_some() => Happened::Rearmed,
         }
     }
 
@@ -208,14 +200,14 @@ impl<W: Wire> LinkTask<W> {
             Happened::Connected(dialed) => self.connected(dialed),
             Happened::Changed(first) => self.changed(first),
             Happened::Woken => {}
-            Happened::Counted => self.counts_wake_at = Some(Instant::now() + STATE_REFRESH),
-            Happened::Rearmed => self.counts_wake_at = None,
+            Happened::Counted => self.timers.counted(Instant::now()),
+            Happened::Rearmed => self.timers.rearm(),
         }
         let now = Instant::now();
         for (rs, n) in self.counters.take_skipped() {
             self.engine.skipped(&rs, n, now);
         }
-        self.next_wake = self.engine.poll(now);
+        self.timers.next_wake = self.engine.poll(now);
         self.log_first_sync(now);
         for effect in self.engine.take_effects() {
             self.effect(effect, now).await;
@@ -237,12 +229,12 @@ impl<W: Wire> LinkTask<W> {
             // Both are carried out by the engine's next poll: now.
             Command::FollowContainment(svc, trigger) => {
                 self.engine.follow_containment(&svc, now, trigger);
-                self.next_wake = Some(now);
+                self.timers.next_wake = Some(now);
                 return false;
             }
             Command::SetDeciding(deciding) => {
                 self.engine.set_deciding(deciding);
-                self.next_wake = Some(now);
+                self.timers.next_wake = Some(now);
                 return false;
             }
             Command::Quarantine(msg, reply) => (self.engine.quarantine(now, &msg), reply),
@@ -253,7 +245,7 @@ impl<W: Wire> LinkTask<W> {
                 return false;
             }
             Command::Reconnect(super::Reconnect(connect), term) => {
-                if self.mode.follows_holder() {
+                if self.source.mode.follows_holder() {
                     // No Lease read: a random step, above nothing recorded.
                     self.take_over(term.unwrap_or_else(|| NewTerm {
                         step: crate::credentials::incarnation(),
@@ -267,8 +259,8 @@ impl<W: Wire> LinkTask<W> {
             }
             Command::Disconnect(why) => {
                 tracing::info!(%why, "the upstream stops; the view keeps serving");
-                self.switch(Mode::Off {
-                    holder: self.mode.follows_holder(),
+                self.source.switch(Mode::Off {
+                    holder: self.source.mode.follows_holder(),
                 });
                 self.out.state.send_modify(|s| s.message = why);
                 return false;
@@ -283,7 +275,7 @@ impl<W: Wire> LinkTask<W> {
     /// it followed it, and publishes only what changed on the remote meanwhile, in a new term
     /// of the view's own.
     fn take_over(&mut self, term: NewTerm) {
-        self.switch(Mode::Off { holder: false });
+        self.source.switch(Mode::Off { holder: false });
         let followed = self.engine.view().resource_version();
         (self.engine.view()).begin_own_term(term);
         tracing::info!(
@@ -303,15 +295,7 @@ impl<W: Wire> LinkTask<W> {
             connect,
             self.out.clone(),
         ));
-        self.switch(Mode::Connecting { dialing, holder });
-    }
-
-    /// Goes over to `next`: what the old mode held goes with it (its watchers stop, its
-    /// fetches and follower are aborted), and messages of its run, told apart by their
-    /// generation, are dropped.
-    fn switch(&mut self, next: Mode<W>) {
-        self.mode = next;
-        self.generation += 1;
+        self.source.switch(Mode::Connecting { dialing, holder });
     }
 
     /// The remote answered: the watchers start, unless the link is quarantined.
@@ -324,18 +308,18 @@ impl<W: Wire> LinkTask<W> {
         (self.out.has_servers).send_replace(dialed.kinds.contains(&Kind::Server));
         self.engine.set_kinds(&dialed.kinds);
         let remote = dialed.remote;
-        if self.mode.follows_holder() {
+        if self.source.mode.follows_holder() {
             let follow = self.wire.follow(
                 &remote,
                 self.engine.view().clone(),
                 self.counters.clone(),
-                self.mirrored.clone(),
+                self.holder_synced.sender(),
             );
             let mut follower = JoinSet::new();
             follower.spawn(tracing::Instrument::in_current_span(follow));
-            self.mode = Mode::Following { remote, follower };
+            self.source.mode = Mode::Following { remote, follower };
         } else {
-            self.mode = Mode::Reading {
+            self.source.mode = Mode::Reading {
                 remote,
                 watchers: None,
                 fetches: JoinSet::new(),
@@ -352,7 +336,7 @@ impl<W: Wire> LinkTask<W> {
         let now = Instant::now();
         self.take(first, now);
         for _ in 0..BATCH {
-            match self.rx.try_recv() {
+            match self.inputs.rx.try_recv() {
                 Ok(m) => self.take(m, now),
                 Err(_) => break,
             }
@@ -362,7 +346,7 @@ impl<W: Wire> LinkTask<W> {
     /// Ingests one upstream change; a first list's end, once taken in, may open the pod
     /// watcher.
     fn take(&mut self, msg: Message, now: Instant) {
-        if msg.generation != self.generation {
+        if msg.generation != self.source.generation {
             return;
         }
         let listed = match &msg.change {
@@ -375,7 +359,7 @@ impl<W: Wire> LinkTask<W> {
             Mode::Reading {
                 watchers: Some(u), ..
             },
-        ) = (listed, &self.mode)
+        ) = (listed, &self.source.mode)
             && u.listed(kind)
         {
             self.engine.pods_listing();
@@ -386,20 +370,20 @@ impl<W: Wire> LinkTask<W> {
     async fn effect(&mut self, effect: Effect, now: Instant) {
         match effect {
             Effect::StopUpstream => {
-                self.mode.stop_watchers();
+                self.source.mode.stop_watchers();
                 tracing::warn!("upstream stopped: the link is quarantined");
             }
             Effect::StartUpstream => {
-                self.generation += 1;
-                if self.mode.reading().is_some() {
+                self.source.new_run();
+                if self.source.mode.reading().is_some() {
                     self.start_upstream();
-                    tracing::info!(generation = self.generation, "upstream restarted");
+                    tracing::info!(generation = self.source.generation, "upstream restarted");
                 }
             }
             Effect::FetchPods(fetch) => {
                 if let Mode::Reading {
                     remote, fetches, ..
-                } = &mut self.mode
+                } = &mut self.source.mode
                 {
                     tracing::debug!(
                         pods = fetch.pods.len(),
@@ -408,8 +392,8 @@ impl<W: Wire> LinkTask<W> {
                     let fetch = self.wire.fetch_pods(
                         remote,
                         fetch,
-                        self.generation,
-                        self.tx.clone(),
+                        self.source.generation,
+                        self.inputs.tx.clone(),
                         self.counters.clone(),
                     );
                     fetches.spawn(tracing::Instrument::in_current_span(fetch));
@@ -449,13 +433,13 @@ impl<W: Wire> LinkTask<W> {
     fn start_upstream(&mut self) {
         if let Mode::Reading {
             remote, watchers, ..
-        } = &mut self.mode
+        } = &mut self.source.mode
         {
             self.engine.upstream_starts();
             *watchers = Some(self.wire.watch(
                 remote,
-                self.generation,
-                self.tx.clone(),
+                self.source.generation,
+                self.inputs.tx.clone(),
                 self.counters.clone(),
                 self.wanted.clone(),
             ));
@@ -464,10 +448,9 @@ impl<W: Wire> LinkTask<W> {
 
     /// Logs the first sync once, with what it took.
     fn log_first_sync(&mut self, now: Instant) {
-        let Some(began) = self.first_sync.filter(|_| self.engine.synced_once()) else {
+        let Some(began) = self.timers.first_sync(self.engine.synced_once()) else {
             return;
         };
-        self.first_sync = None;
         let held = (self.engine.objects_by_kind()).map(|(k, n)| format!("{}={n}", k.name()));
         tracing::info!(
             took = ?now.duration_since(began),
@@ -482,14 +465,17 @@ impl<W: Wire> LinkTask<W> {
         publish_state(
             &self.engine,
             &self.counters,
-            self.mode.connected(),
-            *self.mirrored_rx.borrow(),
+            self.source.mode.connected(),
+            self.holder_synced.get(),
             &self.transitions,
             &self.out,
         );
     }
 }
 
+mod holder_synced;
+mod inputs;
 mod mode;
 #[cfg(test)]
 mod tests;
+mod timers;

@@ -1,6 +1,7 @@
-//! What a link reads, and what it holds for that: one [`Mode`] at a time. Leaving a mode drops
-//! what it held (its watchers stop, its fetches and its follower are aborted with their
-//! `JoinSet`s), so a transition is an assignment and no command repeats a teardown.
+//! What a link reads, and what it holds for that: one [`Mode`] at a time, with the generation
+//! of its current upstream run ([`Source`]). Leaving a mode drops what it held (its watchers
+//! stop, its fetches and its follower are aborted with their `JoinSet`s), so a transition is an
+//! assignment and no command repeats a teardown.
 
 use futures_util::future::BoxFuture;
 use tokio::task::JoinSet;
@@ -33,6 +34,40 @@ pub(super) enum Mode<W: Wire> {
         #[expect(dead_code, reason = "held: aborted when the mode is left")]
         follower: JoinSet<()>,
     },
+}
+
+/// The mode and its upstream run. Each message into the task's queue carries the generation
+/// of the run that sent it, and those of earlier runs are dropped. A run begins when the link
+/// switches mode ([`Source::switch`]) and when its watchers restart ([`Source::new_run`]); the
+/// remote answering carries on the run its dial began.
+pub(super) struct Source<W: Wire> {
+    /// What it reads, and what it holds for that.
+    pub mode: Mode<W>,
+    /// The current upstream run.
+    pub generation: u64,
+}
+
+impl<W: Wire> Source<W> {
+    /// Reading nothing yet: the first connection makes the generation 1.
+    pub(super) fn new() -> Self {
+        Self {
+            mode: Mode::Off { holder: false },
+            generation: 0,
+        }
+    }
+
+    /// Goes over to `next`: what the old mode held goes with it (its watchers stop, its
+    /// fetches and follower are aborted), and messages of its run, told apart by their
+    /// generation, are dropped.
+    pub(super) fn switch(&mut self, next: Mode<W>) {
+        self.mode = next;
+        self.generation += 1;
+    }
+
+    /// A new run of watchers in the same mode: messages of the last one are dropped.
+    pub(super) fn new_run(&mut self) {
+        self.generation += 1;
+    }
 }
 
 /// What a mode's own work brought: the remote answering, or a fetch ending.

@@ -206,15 +206,14 @@ impl Link {
         };
         let (commands, commands_rx) = mpsc::channel(4);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let task = LinkTask::new(
-            fake.clone(),
-            &mk_spec(),
-            view.clone(),
-            (None, None),
-            out,
-            (commands_rx, shutdown_rx),
-            no_credentials(),
-        );
+        let setup = Setup {
+            spec: mk_spec(),
+            view: view.clone(),
+            connect: no_credentials(),
+            dir: None,
+            seed: None,
+        };
+        let task = LinkTask::new(fake.clone(), setup, out, commands_rx, shutdown_rx);
         Self {
             fake,
             state,
