@@ -125,11 +125,7 @@ impl Cluster {
         if exported {
             labels.insert(EXPORTED.to_owned(), "remote-discovery".to_owned());
         }
-        let rs = self.meta(
-            &format!("{name}-rs"),
-            [("app".to_owned(), name.to_owned())].into(),
-        );
-        self.store.apply([Object::ReplicaSet(Arc::new(rs))]);
+        self.write_replica_set(name, 0);
         self.services.insert(
             name.to_owned(),
             ServiceModel {
@@ -301,7 +297,8 @@ impl Cluster {
         keys.extend((0..svc.slices).map(|n| key(Kind::EndpointSlice, &format!("{name}-{n:05}"))));
         keys.push(key(Kind::Endpoints, name));
         keys.extend((svc.pods.iter()).map(|p| key(Kind::Pod, &format!("{name}-{}", p.index))));
-        keys.push(key(Kind::ReplicaSet, &format!("{name}-rs")));
+        let revisions = svc.pods.iter().map(|p| p.revision).max().unwrap_or(0);
+        keys.extend((0..=revisions).map(|n| key(Kind::ReplicaSet, &replica_set(name, n))));
         self.store.delete(keys);
     }
 
@@ -351,16 +348,26 @@ impl Cluster {
         self.store.apply(slices.collect::<Vec<_>>());
     }
 
+    /// Writes revision `n` of service `name`'s Deployment's ReplicaSet.
+    fn write_replica_set(&self, name: &str, n: u32) {
+        let rs = self.meta(
+            &replica_set(name, n),
+            [("app".to_owned(), name.to_owned())].into(),
+        );
+        self.store.apply([Object::ReplicaSet(Arc::new(rs))]);
+    }
+
     fn pod(&self, svc: &str, p: &PodModel) -> Object {
         let mut meta = self.meta(
             &format!("{svc}-{}", p.index),
             [("app".to_owned(), svc.to_owned())].into(),
         );
+        let rs = replica_set(svc, p.revision);
         meta.owner_references = Some(vec![OwnerReference {
             api_version: "apps/v1".into(),
             kind: "ReplicaSet".into(),
-            name: format!("{svc}-rs"),
-            uid: format!("rs-{svc}"),
+            uid: format!("rs-{rs}"),
+            name: rs,
             controller: Some(true),
             ..Default::default()
         }]);
@@ -479,4 +486,12 @@ fn http_slice(metadata: ObjectMeta, endpoints: Vec<discovery::Endpoint>) -> Obje
         })
         .into(),
     )
+}
+
+/// The name of revision `n` of service `svc`'s Deployment's ReplicaSet (0: the first).
+fn replica_set(svc: &str, n: u32) -> String {
+    match n {
+        0 => format!("{svc}-rs"),
+        n => format!("{svc}-rs-{n}"),
+    }
 }

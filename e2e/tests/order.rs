@@ -118,10 +118,10 @@ async fn shapes(cluster: &mut Cluster, via: &EventResolver, direct: &EventResolv
         through.push(t);
         straight.push(d);
     }
+    let scale_up = (p99(through), p99(straight));
     println!(
         "{path}: scale-up 3 -> 10 one pod at a time: p99 {:?} through Floodgate, {:?} direct, from the slice's write",
-        p99(through.clone()),
-        p99(straight.clone())
+        scale_up.0, scale_up.1
     );
     cluster.scale_in_order("web", 200, CONTROLLER_LAG).await;
     let (t, d) = step(via, direct, &pods(0..200), Instant::now()).await;
@@ -129,16 +129,26 @@ async fn shapes(cluster: &mut Cluster, via: &EventResolver, direct: &EventResolv
     cluster.scale_in_order("web", 5, CONTROLLER_LAG).await;
     let (t, d) = step(via, direct, &pods(0..5), Instant::now()).await;
     println!("{path}: scale-down 200 -> 5: {t:?} through Floodgate, {d:?} direct");
-    // A rolling update: pods 0..5 replaced one by one by pods 200.. (the driver's next names).
+    // A rolling update: pods 0..5 replaced one by one by pods 200.. (the driver's next names)
+    // of a new ReplicaSet, which no endpoint names before the first of them.
     let mut now = pods(0..5);
+    let (mut through, mut straight) = (Vec::new(), Vec::new());
     for i in 0..5u32 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
         cluster
             .replace_pod_in_order("web", i as usize, CONTROLLER_LAG)
             .await;
         now.remove(&format!("prod/web-{i}"));
         now.insert(format!("prod/web-{}", 200 + i));
-        step(via, direct, &now, Instant::now()).await;
+        let (t, d) = step(via, direct, &now, Instant::now()).await;
+        through.push(t);
+        straight.push(d);
     }
+    println!(
+        "{path}: rolling update of 5 to a new ReplicaSet: p99 {:?} through Floodgate, {:?} direct",
+        p99(through),
+        p99(straight)
+    );
 
     assert_eq!(direct.lost(), 0, "direct: {:?}", direct.lost_by_service());
     assert_eq!(
@@ -154,7 +164,7 @@ async fn shapes(cluster: &mut Cluster, via: &EventResolver, direct: &EventResolv
     );
     // Each step within direct's time + 50 ms at p99 (a fetch of the new pod and the lead it
     // is given), with room for a loaded 2-core machine.
-    let (t, d) = (p99(through), p99(straight));
+    let (t, d) = scale_up;
     assert!(
         t <= d + Duration::from_millis(50) + Duration::from_millis(100),
         "a scale-up step took {t:?} through {path}, {d:?} direct"

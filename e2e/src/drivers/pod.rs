@@ -87,6 +87,9 @@ pub(super) struct PodModel {
     pub restarts: i32,
     /// When its container last started (Ready) or crashed (not Ready).
     pub since: Time,
+    /// Its ReplicaSet's revision: 0 for the service's first, one more for each rolling update
+    /// that replaced its predecessor.
+    pub revision: u32,
 }
 
 impl PodModel {
@@ -97,6 +100,7 @@ impl PodModel {
             ready,
             restarts: 0,
             since: now(),
+            revision: 0,
         }
     }
 

@@ -105,15 +105,19 @@ impl Cluster {
     }
 
     /// One step of a rolling update in a real cluster's order: a new pod (a new name and
-    /// address, as a new ReplicaSet's) is written Ready, `lag` later the slice names it in
-    /// place of pod `i`, and `lag` after that pod `i` is deleted.
+    /// address, of the next ReplicaSet after pod `i`'s, as a Deployment's rollout makes) is
+    /// written Ready, `lag` later the slice names it in place of pod `i`, and `lag` after that
+    /// pod `i` is deleted.
     pub async fn replace_pod_in_order(&mut self, name: &str, i: usize, lag: Duration) {
         let Some(mut svc) = self.services.remove(name) else {
             return;
         };
         if i < svc.pods.len() {
-            let new = PodModel::new(svc.next_index, self.next_address(), true);
+            let mut new = PodModel::new(svc.next_index, self.next_address(), true);
+            new.revision = svc.pods[i].revision + 1;
             svc.next_index += 1;
+            // The Deployment writes its new ReplicaSet before the first pod of it.
+            self.write_replica_set(name, new.revision);
             self.store.apply([self.pod(name, &new)]);
             tokio::time::sleep(lag).await;
             let old = std::mem::replace(&mut svc.pods[i], new);
