@@ -171,7 +171,7 @@ async fn churn_done(driver: &mut Crashloop, ready: &Value) -> Value {
 }
 
 /// The stamps of the calm rolls the driver made (wall-clock ms), from its last line.
-pub(super) fn calm_stamps(done: &Value) -> Vec<u64> {
+fn calm_stamps(done: &Value) -> Vec<u64> {
     done["calmStamps"]
         .as_array()
         .into_iter()
@@ -206,7 +206,7 @@ async fn cold_start(kube: &RealKube, spec: floodgate_link_crd::LinkSpec) -> Cold
 }
 
 /// Each stamp's delay to the resolver of `r` (ms, sorted), and how many never reached it.
-pub(super) fn staleness(r: &ResolverReport, stamps: &[u64]) -> (Vec<u64>, usize) {
+fn staleness(r: &ResolverReport, stamps: &[u64]) -> (Vec<u64>, usize) {
     let mut delays: Vec<u64> = stamps
         .iter()
         .filter_map(|s| r.seen_at(*s).map(|at| at.saturating_sub(*s)))

@@ -6,9 +6,10 @@
 // then flips pods between Ready and CrashLoopBackOff at --rate writes a second, about --ready-share
 // of them Ready at any moment, each slice following its pods. Beside it, --calm-services exported
 // services of 3 pods roll one pod now and then, each roll's slice stamped with the time it was
-// written (annotation e2e.floodgate.dev/changed-at-ms). It prints one JSON line when the objects
-// exist ("phase":"ready"), one a second while it churns, and one when it is done (with every
-// roll's stamp, "calmStamps").
+// written (annotation e2e.floodgate.dev/changed-at-ms); with --calm-plan, the one calm service goes
+// through the shapes a real cluster makes instead (plan.go). It prints one JSON line when the
+// objects exist ("phase":"ready"), one a second while it churns, and one when it is done (with
+// every roll's stamp, "calmStamps", and with a plan each step's, "calmSteps").
 package main
 
 import (
@@ -39,7 +40,7 @@ type options struct {
 	calmNS                string
 	calmServices          int
 	calmRollEvery         time.Duration
-	calmScaleTo           int
+	calmPlan              []planStep
 	workers               int
 }
 
@@ -55,11 +56,17 @@ func main() {
 	flag.StringVar(&o.calmNS, "calm-namespace", "calm", "namespace of the calm services")
 	flag.IntVar(&o.calmServices, "calm-services", 3, "exported services of 3 pods that roll now and then")
 	flag.DurationVar(&o.calmRollEvery, "calm-roll-every", 5*time.Second, "how often one calm service replaces a pod")
-	flag.IntVar(&o.calmScaleTo, "calm-scale-to", 0, "instead of a roll, each calm step adds a pod (created Ready, then named by its slice) until every calm service has this many (0: roll)")
+	plan := flag.String("calm-plan", "", "instead of rolls, the one calm service's steps, one a --calm-roll-every: grow:N (a pod at a time up to N), burst:N, shrink:N, rollout (each pod replaced by one of a new ReplicaSet); e.g. grow:10,burst:200,shrink:5,rollout")
 	flag.IntVar(&o.workers, "workers", 16, "concurrent writers")
 	waitStdin := flag.Bool("wait-stdin", false, "after the objects exist, wait for a line on stdin before churning (so observers can sync first)")
 	flag.Parse()
+	var planErr error
+	o.calmPlan, planErr = parsePlan(*plan)
 	switch {
+	case planErr != nil:
+		fail("--calm-plan: %v", planErr)
+	case len(o.calmPlan) > 0 && o.calmServices != 1:
+		fail("--calm-plan drives one calm service: --calm-services is %d", o.calmServices)
 	case *kubeconfig == "" || flag.NArg() != 0:
 		fail("usage: crashloop --kubeconfig FILE [--pods N] [--rate W] [--duration D] ...")
 	case o.pods < 0 || o.pods > 250*250:
@@ -68,8 +75,6 @@ func main() {
 		fail("--rate must be positive")
 	case o.readyShare < 0 || o.readyShare > 1:
 		fail("--ready-share: %v is not in 0..1", o.readyShare)
-	case o.calmScaleTo < 0 || o.calmScaleTo > 250:
-		fail("--calm-scale-to: %d is not in 0..250", o.calmScaleTo)
 	case o.calmServices < 0 || o.calmServices > 250:
 		fail("--calm-services: %d is not in 0..250", o.calmServices)
 	case o.duration < 0 || o.calmRollEvery <= 0 || o.workers < 1:
@@ -109,7 +114,8 @@ func main() {
 		fail("churn: %v", err)
 	}
 	d.print(map[string]any{"phase": "done", "writes": d.writes.Load(), "flips": d.flips.Load(),
-		"rolls": d.rolls.Load(), "errors": d.errors.Load(), "calmStamps": d.calmStamps()})
+		"rolls": d.rolls.Load(), "errors": d.errors.Load(), "calmStamps": d.calmStamps(),
+		"calmSteps": d.calmSteps()})
 }
 
 // driver is the remote cluster's controllers.
@@ -124,9 +130,11 @@ type driver struct {
 	flips  atomic.Uint64
 	rolls  atomic.Uint64
 	errors atomic.Uint64
-	// The stamp of every completed calm roll (wall-clock ms), in order.
+	// The stamp of every completed calm roll (wall-clock ms), in order, and with a plan each
+	// step's shape beside it.
 	stampsMu sync.Mutex
 	stamps   []int64
+	steps    []stepDone
 }
 
 func (d *driver) calmStamps() []int64 {
@@ -181,11 +189,17 @@ func (d *driver) setup(ctx context.Context) error {
 // churn flips the flooding pods at the rate and rolls the calm services until ctx ends.
 func (d *driver) churn(ctx context.Context) error {
 	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if len(d.calm) > 0 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			d.rollCalm(ctx)
+			// A plan's end is the run's.
+			if len(d.o.calmPlan) > 0 {
+				cancel()
+			}
 		}()
 	}
 	if d.flood != nil {
@@ -258,10 +272,11 @@ func (d *driver) flip(ctx context.Context, i int) {
 
 // rollCalm replaces one pod of one calm service (round robin) every --calm-roll-every: the new pod
 // is created and made Ready, the slice names it instead of the old one, the old pod is deleted.
-// With --calm-scale-to, each step adds a pod instead (a scale-up one pod at a time).
+// With --calm-plan, each tick is the plan's next step instead, and the plan's end ends the run.
 func (d *driver) rollCalm(ctx context.Context) {
 	tick := time.NewTicker(d.o.calmRollEvery)
 	defer tick.Stop()
+	plan := newPlanner(d.o.calmPlan)
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
@@ -269,21 +284,22 @@ func (d *driver) rollCalm(ctx context.Context) {
 		case <-tick.C:
 		}
 		s := d.calm[n%len(d.calm)]
-		step := d.roll
-		if d.o.calmScaleTo > 0 {
-			if s.size() >= d.o.calmScaleTo {
-				continue
+		shape, step := "roll", d.roll
+		if plan != nil {
+			var ok bool
+			if shape, step, ok = plan.next(d, s); !ok {
+				return
 			}
-			step = d.grow
 		}
 		// A step begun is finished: the deadline never leaves a slice naming a deleted pod.
 		stamp, err := step(context.WithoutCancel(ctx), s)
 		if err != nil {
-			d.failed(ctx, "calm roll", err)
+			d.failed(ctx, "calm "+shape, err)
 			continue
 		}
 		d.stampsMu.Lock()
 		d.stamps = append(d.stamps, stamp)
+		d.steps = append(d.steps, stepDone{Shape: shape, Stamp: stamp, Pods: s.size()})
 		d.stampsMu.Unlock()
 		d.rolls.Add(1)
 	}

@@ -50,6 +50,8 @@ type pod struct {
 	ip       string
 	ready    bool
 	restarts int32
+	// Its owner when not its service's first ReplicaSet (a rollout's new one).
+	rs *appsv1.ReplicaSet
 }
 
 func newService(ns, name string, net, pods int) *service {
@@ -126,9 +128,15 @@ func (d *driver) createService(ctx context.Context, s *service) error {
 		return fmt.Errorf("service %s/%s: %w", s.ns, s.name, err)
 	}
 	s.uid = created.UID
-	replicas := int32(len(s.pods))
+	s.rs, err = d.createReplicaSet(ctx, s, s.name+"-rs")
+	return err
+}
+
+// createReplicaSet creates ReplicaSet name of s's pods (inert: no controller-manager acts on it).
+func (d *driver) createReplicaSet(ctx context.Context, s *service, name string) (*appsv1.ReplicaSet, error) {
+	replicas := int32(s.size())
 	rs := &appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{Name: s.name + "-rs", Namespace: s.ns, Labels: s.selector()},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns, Labels: s.selector()},
 		Spec: appsv1.ReplicaSetSpec{
 			Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: s.selector()},
@@ -138,12 +146,12 @@ func (d *driver) createService(ctx context.Context, s *service) error {
 			},
 		},
 	}
-	s.rs, err = d.client.AppsV1().ReplicaSets(s.ns).Create(ctx, rs, metav1.CreateOptions{})
+	created, err := d.client.AppsV1().ReplicaSets(s.ns).Create(ctx, rs, metav1.CreateOptions{})
 	d.writes.Add(1)
 	if err != nil {
-		return fmt.Errorf("replicaset %s/%s: %w", s.ns, rs.Name, err)
+		return nil, fmt.Errorf("replicaset %s/%s: %w", s.ns, name, err)
 	}
-	return nil
+	return created, nil
 }
 
 func podSpec() corev1.PodSpec {
@@ -163,11 +171,15 @@ func (d *driver) createPods(ctx context.Context, s *service) error {
 
 func (d *driver) createPod(ctx context.Context, s *service, p *pod) error {
 	controller := true
+	rs := s.rs
+	if p.rs != nil {
+		rs = p.rs
+	}
 	obj := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: p.name, Namespace: s.ns, Labels: s.selector(),
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: "apps/v1", Kind: "ReplicaSet", Name: s.rs.Name, UID: s.rs.UID, Controller: &controller,
+				APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: &controller,
 			}},
 		},
 		Spec: podSpec(),
@@ -284,8 +296,9 @@ func (d *driver) slice(s *service, i int) *discoveryv1.EndpointSlice {
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
 		Endpoints:   []discoveryv1.Endpoint{},
 	}
-	end := min((i+1)*sliceSize, len(s.pods))
-	for _, p := range s.pods[i*sliceSize : end] {
+	// After a scale-down a slice may name none of the pods left: it stays, empty.
+	start, end := min(i*sliceSize, len(s.pods)), min((i+1)*sliceSize, len(s.pods))
+	for _, p := range s.pods[start:end] {
 		ready, serving, terminating := p.ready, p.ready, false
 		node := "node-1"
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
@@ -298,31 +311,10 @@ func (d *driver) slice(s *service, i int) *discoveryv1.EndpointSlice {
 	return slice
 }
 
-// roll replaces s's oldest pod: a new one is created and made Ready, the slice names it instead,
-// then the old one is deleted (the order a rolling update's controllers keep). The slice is
+// roll replaces s's oldest pod by a new one of the same ReplicaSet (see replace): the slice is
 // stamped with the time of its write, which roll returns.
 func (d *driver) roll(ctx context.Context, s *service) (int64, error) {
-	s.mu.Lock()
-	old := s.pods[0]
-	fresh := s.newPod()
-	s.mu.Unlock()
-	if err := d.createPod(ctx, s, fresh); err != nil {
-		return 0, err
-	}
-	stamp := time.Now().UnixMilli()
-	s.mu.Lock()
-	s.pods = append(s.pods[1:], fresh)
-	s.stampMs = stamp
-	s.mu.Unlock()
-	if err := d.writeAllSlices(ctx, s); err != nil {
-		return 0, err
-	}
-	err := d.client.CoreV1().Pods(s.ns).Delete(ctx, old.name, metav1.DeleteOptions{})
-	d.writes.Add(1)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return 0, fmt.Errorf("pod %s/%s: %w", s.ns, old.name, err)
-	}
-	return stamp, nil
+	return d.replace(ctx, s, nil)
 }
 
 // grow adds a pod to s as a scale-up does: the pod is created and made Ready, then the slice names
