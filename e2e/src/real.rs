@@ -42,17 +42,7 @@ pub const ADMIN_TOKEN: &str = "realkube-admin-token";
 pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
     let dir = match std::env::var_os(BIN_ENV) {
         Some(dir) => PathBuf::from(dir),
-        None => {
-            let exe = std::env::current_exe()?;
-            // target/<profile>/deps/<test> or target/<profile>/<bin>
-            let mut dir = exe.parent().context("the executable's directory")?;
-            if dir.ends_with("deps") {
-                dir = dir.parent().context("target/<profile>")?;
-            }
-            dir.parent()
-                .context("the target directory")?
-                .join("realkube/bin")
-        }
+        None => target_dir()?.join("realkube/bin"),
     };
     let bin = dir.join(name);
     anyhow::ensure!(
@@ -259,6 +249,52 @@ impl RealKube {
     pub fn etcd_pid(&self) -> Option<u32> {
         self.etcd.id()
     }
+}
+
+/// The target directory the running test or binary was built into.
+fn target_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    let mut dir = exe.parent().context("the executable's directory")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("target/<profile>")?;
+    }
+    Ok(dir.parent().context("the target directory")?.to_owned())
+}
+
+/// `FLOODGATE_HELM`, else the helm `make helm` builds into the running test's target directory
+/// (`<target>/helm/bin/helm`). Missing, it names the command that builds it.
+pub fn helm() -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("FLOODGATE_HELM") {
+        Some(p) => PathBuf::from(p),
+        None => target_dir()?.join("helm/bin/helm"),
+    };
+    anyhow::ensure!(
+        path.is_file(),
+        "no helm at {}: build it with `make helm` (charts/helm/build.sh, from Go modules)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// `helm --kubeconfig FILE ARGS`: its stdout, or an error with its stderr.
+pub async fn helm_run(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(helm()?)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("running helm")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm {}: {}: {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// `kubectl --kubeconfig FILE ARGS`: its stdout, or an error with its stderr.

@@ -9,7 +9,7 @@ use std::time::Instant;
 use floodgate_e2e::cluster;
 use floodgate_e2e::modes::Mode;
 use floodgate_e2e::process::{Floodgate, Launch};
-use floodgate_e2e::real::RealKube;
+use floodgate_e2e::real::{self, RealKube};
 use floodgate_e2e::sim;
 use floodgate_link_crd::Link;
 use k8s_openapi::api::core::v1::Secret;
@@ -22,7 +22,7 @@ use super::{CALM, calm_services, resolver_whole, served_services, spec, write};
 /// the real server, the calm services, link `east`'s Secrets and its Link. Returns the
 /// kubeconfig of the `floodgate` ServiceAccount the controller runs as.
 pub(super) async fn shipped_cluster(kube: &RealKube, role: impl Fn(&str) -> String) -> PathBuf {
-    let manifests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests");
+    let manifests = repo().join("manifests");
     let rendered = kube
         .kubectl(&["kustomize", &manifests.display().to_string()])
         .await
@@ -31,6 +31,41 @@ pub(super) async fn shipped_cluster(kube: &RealKube, role: impl Fn(&str) -> Stri
     kube.kubectl(&["apply", "-f", &file.display().to_string()])
         .await
         .expect("kubectl apply of the shipped manifests");
+    installed(kube).await
+}
+
+/// The chart `charts/floodgate` installed with its default values as the README shows it
+/// (`helm install floodgate charts/floodgate -n floodgate --create-namespace`), then the rest
+/// as [`shipped_cluster`] does.
+async fn helm_cluster(kube: &RealKube) -> PathBuf {
+    let chart = repo().join("charts/floodgate");
+    let out = real::helm_run(
+        kube.kubeconfig_path(),
+        &[
+            "install",
+            "floodgate",
+            &chart.display().to_string(),
+            "-n",
+            cluster::NS,
+            "--create-namespace",
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("helm install of the chart: {e:#}"));
+    println!(
+        "helm install: {}",
+        out.lines().take(4).collect::<Vec<_>>().join(" / ")
+    );
+    installed(kube).await
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// What follows an install: the Link CRD established, the calm services, link `east`'s Secrets
+/// and its Link. Returns the kubeconfig of the `floodgate` ServiceAccount.
+async fn installed(kube: &RealKube) -> PathBuf {
     kube.kubectl(&[
         "wait",
         "--for=condition=established",
@@ -122,7 +157,31 @@ pub(super) async fn link_phase(kube: &RealKube) -> Option<String> {
 #[ignore = "needs the real API server: make test-real"]
 async fn cluster_mode_under_real_rbac_with_the_shipped_role() {
     let kube = RealKube::start().await.expect("the real API server");
-    let mut fg = controller_under_rbac(&kube, str::to_owned).await;
+    let fg = controller_under_rbac(&kube, str::to_owned).await;
+    serves_under_rbac(&kube, fg).await;
+}
+
+/// The same installed with the Helm chart: the release's objects accepted by the real server,
+/// and a replica under the chart's ServiceAccount and Role serving link `east`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real API server: make test-real"]
+async fn cluster_mode_under_real_rbac_installed_with_the_helm_chart() {
+    let kube = RealKube::start().await.expect("the real API server");
+    let account = helm_cluster(&kube).await;
+    let fg = replica(&kube, &account, "floodgate-0", |l| l).await;
+    serves_under_rbac(&kube, fg).await;
+    let status = real::helm_run(
+        kube.kubeconfig_path(),
+        &["status", "floodgate", "-n", cluster::NS],
+    )
+    .await
+    .expect("helm status");
+    assert!(status.contains("STATUS: deployed"), "{status}");
+}
+
+/// The replica `fg` gets ready, serves the calm services, a resolver syncs through it, and the
+/// Link's status is written under RBAC.
+async fn serves_under_rbac(kube: &RealKube, mut fg: Floodgate) {
     fg.wait_ready(60).await.expect("the controller is ready");
     let started = Instant::now();
     floodgate_e2e::until(60, "link east serves the calm services", async || {
@@ -133,14 +192,14 @@ async fn cluster_mode_under_real_rbac_with_the_shipped_role() {
         "cluster mode: link east served {:.1} s after ready",
         started.elapsed().as_secs_f64()
     );
-    let (_resolver, r) = resolver_whole(&kube, &fg, "through", 60).await;
+    let (_resolver, r) = resolver_whole(kube, &fg, "through", 60).await;
     println!(
         "  resolver through the controller's facade synced in {} ms",
         r.sync_ms
     );
     let mut phase = None;
     floodgate_e2e::until(30, "the Link's status written under RBAC", async || {
-        phase = link_phase(&kube).await;
+        phase = link_phase(kube).await;
         phase.as_deref() == Some("Healthy")
     })
     .await;
