@@ -37,3 +37,4 @@ build etcd ./cmd/etcd
 build kube-apiserver ./cmd/kube-apiserver
 build resolver ./cmd/resolver
 build crashloop ./cmd/crashloop
+build linkerdcheck ./cmd/linkerdcheck

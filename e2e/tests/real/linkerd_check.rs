@@ -3,14 +3,16 @@
 //! gives it, plus the Role `manifests/examples/remote-linkerd-config-rbac.yaml` adds. The check's
 //! requests, replayed with kube-rs through Floodgate and straight to the remote with the same
 //! account: `/version`, a SelfSubjectAccessReview each for get, list and watch on services, and
-//! the GET of `linkerd-config`; every answer as the remote's, the trust anchors equal. Then what
+//! the GET of `linkerd-config`; every answer as the remote's, the trust anchors equal; then the
+//! same requests with client-go's typed clientset, JSON and protobuf, as Linkerd's CLI makes
+//! them (the lane's `linkerdcheck`). Then what
 //! only Floodgate answers differently (another ConfigMap: 404 where the remote says 403), and a
 //! trust-anchor rotation reaching a watch through Floodgate.
 
 use std::path::Path;
 
 use floodgate_e2e::next_event;
-use floodgate_e2e::real::RealKube;
+use floodgate_e2e::real::{self, RealKube};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -112,6 +114,25 @@ async fn reviews(client: &Client) -> Vec<bool> {
     allowed
 }
 
+/// The lane's `linkerdcheck` (client-go, as `linkerd multicluster check` asks) with the
+/// credentials of `kubeconfig`: its answers.
+async fn client_go_check(kubeconfig: &Path, protobuf: bool) -> serde_json::Value {
+    let out = tokio::process::Command::new(real::bin("linkerdcheck").expect("linkerdcheck"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg(format!("--protobuf={protobuf}"))
+        .output()
+        .await
+        .expect("linkerdcheck runs");
+    assert!(
+        out.status.success(),
+        "linkerdcheck with {}: {}",
+        kubeconfig.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("its JSON line")
+}
+
 fn anchors(c: &ConfigMap) -> String {
     (c.data.as_ref())
         .and_then(|d| d.get("values"))
@@ -182,6 +203,33 @@ async fn linkerd_multicluster_check_passes_through_a_wrapped_link() {
     let default_ns: Api<ConfigMap> = Api::namespaced(through.clone(), "default");
     let elsewhere = default_ns.get("linkerd-config").await;
     assert_eq!(code(elsewhere.expect_err("absent")), 404);
+
+    // The same requests as Linkerd's CLI makes them: client-go's typed clientset, JSON and
+    // protobuf, directly and through Floodgate with the same account.
+    let through_config = write(
+        kube.dir(),
+        "through.kubeconfig",
+        &fg.consumer_kubeconfig().expect("consumer kubeconfig"),
+    );
+    for protobuf in [false, true] {
+        let direct = client_go_check(&account, protobuf).await;
+        let via = client_go_check(&through_config, protobuf).await;
+        println!("client-go (protobuf {protobuf}): direct {direct}, through Floodgate {via}");
+        for answer in ["version", "allowed", "values", "uid"] {
+            assert_eq!(via[answer], direct[answer], "{answer}: {via} / {direct}");
+        }
+        assert_eq!(direct["allowed"], serde_json::json!([true, true, true]));
+        assert!(
+            direct["values"]
+                .as_str()
+                .is_some_and(|v| v.contains("anchor-1"))
+        );
+        assert_eq!(
+            (direct["other"].as_i64(), via["other"].as_i64()),
+            (Some(403), Some(404))
+        );
+        assert_eq!(via["elsewhere"].as_i64(), Some(404));
+    }
 
     // The remote rotates its trust anchors: a watch through Floodgate sees it.
     let cfg = watcher::Config::default().fields("metadata.name=linkerd-config");
