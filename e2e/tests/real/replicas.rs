@@ -75,7 +75,7 @@ async fn phase_everywhere(kube: &RealKube, on: &[&Floodgate], phase: &str) {
 }
 
 /// The two replicas, both ready and serving the calm services, and the holder's identity.
-async fn two_replicas(kube: &RealKube) -> ([Floodgate; 2], String) {
+pub(super) async fn two_replicas(kube: &RealKube) -> ([Floodgate; 2], String) {
     let account = shipped_cluster(kube, str::to_owned).await;
     let before = upstream_watches(kube, "endpointslices").await;
     // As the manifests run them: each says where its facade is, and follows the holder of a
