@@ -1,37 +1,31 @@
-//! Floodgate's end-to-end home: kube-sim (the remote-cluster simulator: Floodgate's own facade
-//! over a writable store, [`sim`]), the drivers that make it behave like a cluster
-//! ([`drivers`]), a client of the admin API ([`admin`]), a fault-injecting proxy ([`chaos`]),
-//! captured logs ([`logs`]), Floodgate (either mode) and consumers as processes ([`process`],
-//! `src/bin/consumer.rs`, which resolves endpoints to pods as Linkerd's destination does:
-//! [`resolve`]), the side-by-side flood replay ([`flood`]), cold starts against a
-//! large remote ([`cold`]), a hub of many links ([`hub`]) and the restart herd ([`herd`]) that the demo (`src/bin/demo.rs`) and the scenario benchmarks
-//! (`src/bin/scenarios/`) run, the local cluster the controller is tested against
-//! ([`local`], [`cluster`]), a real etcd and kube-apiserver with the Go programs the real-server
-//! lane drives ([`real`]), the rows both report S1 with ([`report`]), and the scenario tests in
-//! `tests/`.
+//! Floodgate's end-to-end home, in three groups:
+//!
+//! - [`fakes`]: what stands in for the clusters and the network: kube-sim ([`sim`]) and its
+//!   [`drivers`], the local cluster of the controller ([`local`]), a real etcd and
+//!   kube-apiserver with the Go programs of the real-server lane ([`real`]), a fault-injecting
+//!   proxy ([`chaos`]) and a TCP relay ([`relay`]);
+//! - [`harness`]: what runs Floodgate and talks to it: in-process in either mode ([`gateway`],
+//!   [`cluster`], [`modes`]), as processes ([`process`], [`replicas`]), its admin API
+//!   ([`admin`]), its logs ([`logs`]) and the shipped RBAC judged ([`rbac`]);
+//! - [`workloads`]: the scenarios and their judges: the side-by-side flood replay ([`flood`]),
+//!   the restart herd ([`herd`]), cold starts ([`cold`]), a hub of many links ([`hub`]), the
+//!   consumers that resolve endpoints as Linkerd's destination does ([`resolve`], and
+//!   `src/bin/consumer.rs`), and the rows they report ([`report`]).
+//!
+//! Each module is also at the crate's root (`floodgate_e2e::sim`, ...), as tests name them.
+//! The demo is `src/bin/demo.rs`, the scenario benchmarks `src/bin/scenarios/`; the tests in
+//! `tests/` (each file or directory one binary: `tests/real/` the real-server lane,
+//! `tests/outage/` the upstream's outages, `tests/abuse/` hostile clients).
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod chaos;
-pub mod cluster;
-pub mod cold;
-pub mod drivers;
-pub mod flood;
-pub mod gateway;
-pub mod herd;
-pub mod hub;
-pub mod local;
-pub mod logs;
-pub mod modes;
-pub mod process;
-pub mod rbac;
-pub mod real;
-pub mod relay;
-pub mod replicas;
-pub mod report;
-pub mod resolve;
-pub mod sim;
+pub mod fakes;
+pub mod harness;
+pub mod workloads;
+
+pub use fakes::{chaos, drivers, local, real, relay, sim};
+pub use harness::{admin, cluster, gateway, logs, modes, process, rbac, replicas};
+pub use workloads::{cold, flood, herd, hub, report, resolve};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
