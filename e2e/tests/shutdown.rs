@@ -176,8 +176,14 @@ async fn a_second_sigterm_forces_exit_during_a_slow_drain() {
         g.readyz().await == Some(503)
     })
     .await;
-    // The drain is under way and cannot finish: the process is still there.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The drain is under way and cannot finish: it says so, the stuck watch still open, and
+    // the process is still there.
+    until(10, "the drain reports the stuck watch", async || {
+        g.log_text().lines().any(|l| {
+            l.contains("draining: facade connections still open") && l.contains("watches=1")
+        })
+    })
+    .await;
     assert!(
         g.child().try_wait().expect("status").is_none(),
         "still draining"

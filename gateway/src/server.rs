@@ -230,9 +230,18 @@ impl Server {
             e.api.drain_watches();
         }
         let mut facade = self.facade_task;
+        // Who holds the drain up, said once a second and then every 10 s: a consumer that
+        // does not read its watch keeps the process until `deadline`.
+        let mut report = tokio::time::Instant::now() + Duration::from_secs(1);
         let drained = loop {
             for e in &entries {
                 e.handle.view.disconnect();
+            }
+            if tokio::time::Instant::now() >= report {
+                let watches: usize = entries.iter().map(|e| e.api.open_watches()).sum();
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                tracing::info!(watches, ?left, "draining: facade connections still open");
+                report += Duration::from_secs(10);
             }
             tokio::select! {
                 _ = &mut facade => break true,
