@@ -16,6 +16,7 @@
 //! status is written only through `/status`, which ignores everything else. Errors are
 //! `metav1.Status`. Plain HTTP, no authentication: it only listens on loopback.
 
+mod requests;
 pub mod store;
 pub mod watch;
 
@@ -32,7 +33,8 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use store::{Access, LocalStore, PatchKind};
+pub use requests::Access;
+pub use store::{LocalStore, PatchKind};
 
 /// A served resource.
 #[derive(Debug)]

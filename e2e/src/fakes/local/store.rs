@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use super::requests::Requests;
 use super::{RESOURCES, Resource};
 
 /// Watch frames a slow watcher may fall behind before it is closed (it resumes from its last
@@ -85,32 +86,12 @@ pub enum PatchKind {
     Strategic,
 }
 
-/// A request's authorization attributes, as the API server hands them to RBAC: who, which
-/// verb, on what, where.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Access {
-    /// The user: the bearer token presented (the local cluster takes it as the user's name),
-    /// or `system:anonymous`.
-    pub user: String,
-    /// `get`, `list`, `watch`, `create`, `update`, `patch` or `delete`.
-    pub verb: &'static str,
-    /// The API group (`""` for the core group).
-    pub group: &'static str,
-    /// The resource, with its subresource: `links/status`.
-    pub resource: String,
-    /// The namespace (`""` for a request across namespaces).
-    pub namespace: String,
-}
-
 /// The local cluster's store.
 #[derive(Debug)]
 pub struct LocalStore {
     inner: Mutex<Inner>,
-    requests: std::sync::atomic::AtomicU64,
-    /// Requests by method and path (no query), for tests that check what a client asks.
-    by_path: Mutex<std::collections::HashMap<String, u64>>,
-    /// What each user asked, as RBAC judges it.
-    accesses: Mutex<std::collections::BTreeSet<Access>>,
+    /// What was asked of it, and by whom.
+    pub(super) requests: Requests,
     frames: broadcast::Sender<Arc<Frame>>,
     history: usize,
 }
@@ -149,9 +130,7 @@ impl LocalStore {
     pub fn new(history: usize) -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
-            requests: std::sync::atomic::AtomicU64::new(0),
-            by_path: Mutex::default(),
-            accesses: Mutex::default(),
+            requests: Requests::default(),
             frames: broadcast::channel(FANOUT).0,
             history: history.max(1),
         }
@@ -159,43 +138,6 @@ impl LocalStore {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counts a request served.
-    pub fn count_request(&self, method: &str, path: &str) {
-        self.requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut by_path = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
-        *by_path.entry(format!("{method} {path}")).or_default() += 1;
-    }
-
-    /// Notes a request's authorization attributes.
-    pub fn record_access(&self, access: Access) {
-        (self.accesses.lock().unwrap_or_else(|e| e.into_inner())).insert(access);
-    }
-
-    /// Every distinct access `user` made so far.
-    pub fn accesses_of(&self, user: &str) -> Vec<Access> {
-        let accesses = self.accesses.lock().unwrap_or_else(|e| e.into_inner());
-        accesses
-            .iter()
-            .filter(|a| a.user == user)
-            .cloned()
-            .collect()
-    }
-
-    /// Requests served so far with `method` on `path` (no query).
-    pub fn requests_to(&self, method: &str, path: &str) -> u64 {
-        let by_path = self.by_path.lock().unwrap_or_else(|e| e.into_inner());
-        by_path
-            .get(&format!("{method} {path}"))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Requests served so far (tests wait for a client's loops to go round).
-    pub fn requests(&self) -> u64 {
-        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The current resource version.
