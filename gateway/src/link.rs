@@ -268,7 +268,7 @@ pub fn spawn_restored(
     let (commands_tx, commands) = mpsc::channel(16);
     // Transitions are rare; a receiver that falls 64 behind misses some (it is told so).
     let (transitions, _) = broadcast::channel(64);
-    let out = task::Outputs {
+    let out = state::Outputs {
         state: state_tx,
         transitions: transitions.clone(),
         version: version_tx,

@@ -5,9 +5,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use futures_util::future::BoxFuture;
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
+use super::super::LinkState;
 use super::super::wire::{Dialed, Watchers, Wire};
 use super::*;
 use crate::churn::tests::{mk_service, mk_spec};
