@@ -55,8 +55,8 @@ impl std::fmt::Display for Upstream {
 #[derive(Clone)]
 pub(super) enum Switch {
     /// Read the remote with these credentials; after following the holder, take the link
-    /// over under a term made from its Lease (its transitions, its last holder's base).
-    Read(crate::link::Connect, Option<NewTerm>),
+    /// over under this term, made from its Lease (its transitions, its last holder's base).
+    Read(crate::link::Connect, NewTerm),
     /// Follow the holder's view through its facade, reached this way.
     Follow(crate::link::Connect),
     /// Read nothing (the string says why); the view keeps serving.
@@ -218,7 +218,8 @@ impl Runs {
         if *r.upstream.borrow() == Upstream::Remote {
             tracing::info!(link = %r.desired.name, "new credentials: reconnecting the upstream");
             let connect = connect(&self.shared, &r.desired, &Upstream::Remote);
-            r.switch.send_replace(Some(Switch::Read(connect, None)));
+            let term = new_term(&self.shared, &r.desired.name);
+            r.switch.send_replace(Some(Switch::Read(connect, term)));
         }
     }
 
@@ -266,7 +267,7 @@ impl Runs {
             }
             Upstream::Remote => Switch::Read(
                 connect(&self.shared, &r.desired, &want),
-                Some(new_term(&self.shared, name)),
+                new_term(&self.shared, name),
             ),
         };
         r.upstream.send_replace(want);
@@ -452,7 +453,7 @@ async fn forward_switches(handle: Arc<LinkHandle>, mut switches: watch::Receiver
             continue;
         };
         let sent = match switch {
-            Switch::Read(connect, transitions) => handle.reconnect(connect, transitions).await,
+            Switch::Read(connect, term) => handle.reconnect(connect, term).await,
             Switch::Follow(connect) => handle.follow(connect).await,
             Switch::Stop(why) => handle.disconnect(why).await,
         };

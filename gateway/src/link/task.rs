@@ -236,11 +236,7 @@ impl<W: Wire> LinkTask<W> {
             }
             Command::Reconnect(super::Reconnect(connect), term) => {
                 if self.source.mode.follows_holder() {
-                    // No Lease read: a random step, above nothing recorded.
-                    self.take_over(term.unwrap_or_else(|| NewTerm {
-                        step: crate::credentials::incarnation(),
-                        above: 0,
-                    }));
+                    self.take_over(term);
                 } else {
                     tracing::info!("new credentials: reconnecting; the view keeps serving");
                 }
