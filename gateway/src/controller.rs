@@ -12,6 +12,7 @@
 //! a replica's admin API passes a command it does not decide on to the holder this way.
 
 pub mod commands;
+mod context;
 mod control;
 mod follow;
 pub mod lease;
@@ -38,7 +39,7 @@ use crate::registry::Registry;
 use crate::server::{self, Listeners};
 use crate::serving::{self, Bootstrap, ServeArgs};
 use crate::tls::TlsMaterial;
-use commands::Shared;
+use context::Shared;
 use control::{Control, Wanted};
 use runs::Runs;
 

@@ -19,7 +19,7 @@
 //! - [`credentials`]: link tokens, TLS material, kubeconfigs and the state directory.
 //! - [`command`]: operators' commands (release, quarantine) and their one path to a link.
 //! - [`run`]: `floodgate run`: the links of a links file.
-//! - [`tls`]: certificates (read or generated) and the facade's listener over TLS.
+//! - [`tls`]: certificates (read or generated) for the facade's listener.
 //! - [`cli`]: the command line and its commands.
 //! - [`controller`]: `floodgate controller`: links from Link resources, status, Leases.
 //! - [`wrap`]: `floodgate wrap`: adopt a Linkerd link's credentials.

@@ -71,8 +71,9 @@ pub enum Command {
     /// Quarantine the link, with a message.
     Quarantine(String, oneshot::Sender<Result<Transition, RequestError>>),
     /// Reach the remote this new way (rotated credentials): the upstream reconnects and
-    /// relists while the view, its versions and its watches carry on.
-    Reconnect(Reconnect, Option<NewTerm>),
+    /// relists while the view, its versions and its watches carry on. A link that followed
+    /// the holder takes it over in the term given.
+    Reconnect(Reconnect, NewTerm),
     /// Follow the Lease holder's view, version for version, through its facade (this way):
     /// the upstream stops and the engine publishes nothing until a [`Command::Reconnect`]
     /// takes the link over from the view followed.
@@ -175,12 +176,8 @@ impl LinkHandle {
     /// the link connects again and relists, and only real differences reach the view, whose
     /// consumers keep their watches and versions.
     /// A link that followed the holder takes it over from its view, in a term of its own
-    /// (`term`, from the Lease; a random step above nothing without).
-    pub async fn reconnect(
-        &self,
-        connect: Connect,
-        term: Option<NewTerm>,
-    ) -> Result<(), LinkError> {
+    /// (`term`, which the caller makes from the Lease); any other link leaves `term` unused.
+    pub async fn reconnect(&self, connect: Connect, term: NewTerm) -> Result<(), LinkError> {
         self.commands
             .send(Command::Reconnect(Reconnect(connect), term))
             .await
@@ -268,7 +265,7 @@ pub fn spawn_restored(
     let (commands_tx, commands) = mpsc::channel(16);
     // Transitions are rare; a receiver that falls 64 behind misses some (it is told so).
     let (transitions, _) = broadcast::channel(64);
-    let out = task::Outputs {
+    let out = state::Outputs {
         state: state_tx,
         transitions: transitions.clone(),
         version: version_tx,

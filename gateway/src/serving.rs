@@ -172,6 +172,8 @@ impl ServeArgs {
                 max_connections: self.max_connections.max(1),
                 header_read_timeout: self.header_read_timeout.get(),
                 write_timeout: self.write_timeout.get(),
+                // No flag sets it.
+                ..ServeLimits::default()
             },
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
             link_starts_per_second: self.link_starts_per_second,

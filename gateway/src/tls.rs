@@ -1,23 +1,18 @@
 //! TLS for the facade: a server config from PEM files, or a self-signed CA and serving
-//! certificate generated at start (its CA goes into the kubeconfigs consumers use), and
-//! [`serve_tls`], the facade's listener ([`crate::kubeapi::serve`]) over TLS with its default
-//! bounds (HTTP/1.1 and HTTP/2 by ALPN).
-//!
-//! Handshakes have a deadline so a client that connects and says nothing holds nothing.
+//! certificate generated at start (its CA goes into the kubeconfigs consumers use). The
+//! listener that serves over it, and its handshake deadline, are [`crate::kubeapi::serve`]'s.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::Router;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::TcpListener;
 
-/// How long a client has to complete the TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Kept at this path for the e2e crate, the only one that serves this way; it moves there
+/// (issue 54).
+pub use crate::kubeapi::serve::serve_tls;
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -83,26 +78,6 @@ pub fn server_config(m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, TlsEr
     .with_single_cert(certs, key)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
-}
-
-/// Serves `router` over TLS on `listener` until `shutdown` completes; then stops accepting, asks
-/// every open connection to finish (HTTP/1: after its response in flight; HTTP/2: GOAWAY) and
-/// returns once they all have (watches end when their view lets them go). The bounds are the
-/// default [`crate::kubeapi::serve::ServeLimits`].
-pub async fn serve_tls(
-    listener: TcpListener,
-    config: Arc<rustls::ServerConfig>,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    crate::kubeapi::serve::serve(
-        listener,
-        Some(config),
-        router,
-        crate::kubeapi::serve::ServeLimits::default(),
-        shutdown,
-    )
-    .await
 }
 
 #[cfg(test)]

@@ -26,7 +26,6 @@ use tokio::time::Instant;
 
 use crate::model::{Kind, NsName, ObjKey, Object};
 
-pub mod metadata;
 pub mod pages;
 mod publish;
 pub mod replica;
@@ -34,7 +33,7 @@ mod stored;
 mod terms;
 
 use publish::encode;
-pub use stored::{Event, EventType, Stored, frame, stored_frame};
+pub use stored::{Event, EventType, Stored, frame, metadata, stored_frame};
 
 const COUNTER_BITS: u32 = 40;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource as _, ResourceExt as _};
 
+use super::context::{Shared, Upstream};
 use crate::command::{self, COMMAND, COMMAND_FROM, COMMAND_RESULT, Order, Outcome};
 use crate::link::LinkHandle;
 
@@ -200,21 +201,6 @@ impl Commands {
     }
 }
 
-/// What every link of this replica shares: the Links, this replica's identity, its peers.
-#[derive(Clone, Debug)]
-pub(super) struct Shared {
-    pub(super) api: Api<Link>,
-    /// The controller's cache of the Links, where a relay looks for the holder's answer.
-    pub(super) links: kube::runtime::reflector::Store<Link>,
-    /// The Leases as the lease loop watches them: who holds each link's.
-    pub(super) holders: kube::runtime::reflector::Store<k8s_openapi::api::coordination::v1::Lease>,
-    pub(super) namespace: String,
-    pub(super) identity: String,
-    pub(super) peers: Option<super::peers::Peers>,
-    /// Every attempt to reach a remote or a holder waits its turn here.
-    pub(super) pacer: crate::link::Pacer,
-}
-
 /// Carries a command sent to this replica's admin API to the link's Lease holder, through the
 /// Link, whichever replica holds it (this one too): every command is decided, recorded in an
 /// Event and answered on one path.
@@ -223,7 +209,7 @@ pub(super) struct LinkRelay {
     pub(super) base: Shared,
     pub(super) link: String,
     /// Where the link reads its remote's objects from on this replica.
-    pub(super) reads_from: tokio::sync::watch::Receiver<super::runs::Upstream>,
+    pub(super) reads_from: tokio::sync::watch::Receiver<Upstream>,
 }
 
 impl crate::registry::Relay for LinkRelay {
@@ -237,8 +223,8 @@ impl crate::registry::Relay for LinkRelay {
 
     fn follows(&self) -> Option<String> {
         match &*self.reads_from.borrow() {
-            super::runs::Upstream::Remote | super::runs::Upstream::HandingOver => None,
-            super::runs::Upstream::Holder { identity, .. } => Some(identity.clone()),
+            Upstream::Remote | Upstream::HandingOver => None,
+            Upstream::Holder { identity, .. } => Some(identity.clone()),
         }
     }
 

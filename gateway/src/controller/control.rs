@@ -159,10 +159,11 @@ impl Tick<'_> {
         });
         let mut deferred = false;
         if let (Some(r), Some(state)) = (run, &state) {
-            decide_if_held(&name, r, holder);
-            deferred = follow_quarantine(link, r, state, holder);
-            follow_containment(link, r, state, holder);
-            record_containment(self.recorder, link, r, holder);
+            let following = &mut r.following;
+            decide_if_held(&name, following, holder);
+            deferred = follow_quarantine(link, following, &r.handle, state, holder);
+            follow_containment(link, following, &r.handle, state, holder);
+            record_containment(self.recorder, link, following, holder);
         }
         runs.follow_upstream(&name, holder);
         if deferred {

@@ -10,10 +10,11 @@ use std::time::Duration;
 use floodgate_link_crd::{Link, Phase};
 use kube::ResourceExt as _;
 use kube::runtime::events::Recorder;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
 
-use super::runs::Running;
 use super::writer;
+use crate::churn::quarantine::Transition;
 use crate::link::{self, LinkHandle};
 
 /// How long a link that starts with no view of its own (no peer gave one) reads its remote
@@ -21,10 +22,45 @@ use crate::link::{self, LinkHandle};
 /// against a remote that floods), so it freezes the remote's capped view, not an empty one.
 pub(super) const FOLLOW_GRACE: Duration = Duration::from_secs(10);
 
+/// What one run of a link has followed of the holder's record, and what tells the link whether
+/// it decides.
+pub(super) struct Following {
+    /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
+    /// passes each change to the link, in order.
+    deciding: watch::Sender<bool>,
+    /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
+    /// release, `None` nothing yet.
+    followed: Option<bool>,
+    /// Whether this run has followed the recorded containments once (a holder does only that).
+    followed_containment: bool,
+    /// The link's service containment transitions not yet recorded as Events.
+    transitions: broadcast::Receiver<Transition>,
+    /// When this run started.
+    started: Instant,
+}
+
+impl Following {
+    /// A run of `handle`'s link, starting now. It starts measuring only: the lease loop's held
+    /// set makes the holder decide (at the next status tick), so no replica acts on a flood
+    /// before it knows it holds the Lease.
+    pub(super) fn start(handle: &Arc<LinkHandle>) -> Self {
+        let (deciding, deciding_rx) = watch::channel(false);
+        tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
+        Self {
+            deciding,
+            followed: None,
+            followed_containment: false,
+            transitions: handle.transitions(),
+            started: Instant::now(),
+        }
+    }
+}
+
 /// Only the Lease holder's engine acts on the floods it measures; every other replica's
 /// engine measures and follows the holder's record ([`follow_quarantine`]).
-pub(super) fn decide_if_held(name: &str, r: &Running, holder: bool) {
-    if r.deciding
+pub(super) fn decide_if_held(name: &str, run: &Following, holder: bool) {
+    if run
+        .deciding
         .send_if_modified(|d| std::mem::replace(d, holder) != holder)
     {
         tracing::info!(link = %name, deciding = holder, "this replica's hold on the Lease changed");
@@ -33,10 +69,15 @@ pub(super) fn decide_if_held(name: &str, r: &Running, holder: bool) {
 
 /// Records the link's service containment transitions as Events on the Link; only the holder
 /// records them (the others' engines do not decide, so they have none to record).
-pub(super) fn record_containment(recorder: &Recorder, link: &Link, r: &mut Running, holder: bool) {
+pub(super) fn record_containment(
+    recorder: &Recorder,
+    link: &Link,
+    run: &mut Following,
+    holder: bool,
+) {
     use tokio::sync::broadcast::error::TryRecvError;
     loop {
-        match r.transitions.try_recv() {
+        match run.transitions.try_recv() {
             Ok(t) if holder => writer::record_service_event(recorder, link, &t),
             Ok(_) => {}
             Err(TryRecvError::Lagged(n)) => {
@@ -48,7 +89,7 @@ pub(super) fn record_containment(recorder: &Recorder, link: &Link, r: &mut Runni
 }
 
 /// Passes `deciding`'s changes to the link in order, starting with its current value.
-pub(super) async fn forward_deciding(handle: Arc<LinkHandle>, mut deciding: watch::Receiver<bool>) {
+async fn forward_deciding(handle: Arc<LinkHandle>, mut deciding: watch::Receiver<bool>) {
     loop {
         let now = *deciding.borrow_and_update();
         if handle.set_deciding(now).await.is_err() || deciding.changed().await.is_err() {
@@ -66,7 +107,8 @@ pub(super) async fn forward_deciding(handle: Arc<LinkHandle>, mut deciding: watc
 /// its own) first serves its remote's first sync, capped, for up to [`FOLLOW_GRACE`].
 pub(super) fn follow_quarantine(
     link: &Link,
-    r: &mut Running,
+    run: &mut Following,
+    handle: &Arc<LinkHandle>,
     state: &link::LinkState,
     holder: bool,
 ) -> bool {
@@ -77,15 +119,15 @@ pub(super) fn follow_quarantine(
         (None, true) => false,
         _ => return false,
     };
-    if (holder && r.followed.is_some()) || r.followed == Some(want) || (holder && !want) {
-        r.followed.get_or_insert(want);
+    if (holder && run.followed.is_some()) || run.followed == Some(want) || (holder && !want) {
+        run.followed.get_or_insert(want);
         return false;
     }
-    if want && !state.synced && r.started.elapsed() < FOLLOW_GRACE {
+    if want && !state.synced && run.started.elapsed() < FOLLOW_GRACE {
         return true;
     }
-    r.followed = Some(want);
-    let handle = r.handle.clone();
+    run.followed = Some(want);
+    let handle = handle.clone();
     let message = recorded.map(|q| format!("recorded in status: {} ({})", q.reason, q.message));
     tokio::spawn(async move {
         let result = match message {
@@ -110,17 +152,18 @@ pub(super) fn follow_quarantine(
 /// once when its run starts (a restart or a Lease move keeps the containments).
 pub(super) fn follow_containment(
     link: &Link,
-    r: &mut Running,
+    run: &mut Following,
+    handle: &Arc<LinkHandle>,
     state: &link::LinkState,
     holder: bool,
 ) {
     let Some(status) = link.status.as_ref() else {
         return;
     };
-    if holder && r.followed_containment {
+    if holder && run.followed_containment {
         return;
     }
-    r.followed_containment = true;
+    run.followed_containment = true;
     let recorded = status.contained_services.as_ref();
     let named = recorded.map_or(&[][..], |c| &c.first[..]);
     let complete = recorded.is_none_or(|c| usize::try_from(c.count) == Ok(c.first.len()));
@@ -154,7 +197,7 @@ pub(super) fn follow_containment(
     if contain.is_empty() && release.is_empty() {
         return;
     }
-    let handle = r.handle.clone();
+    let handle = handle.clone();
     tokio::spawn(async move {
         for (svc, trigger) in contain {
             let _ = handle.follow_containment(svc, trigger).await;

@@ -10,8 +10,9 @@ use floodgate_link_crd::Link;
 use kube::{Resource as _, ResourceExt as _};
 use tokio::sync::{mpsc, watch};
 
-use super::commands::{LinkRelay, Shared};
-use super::follow::forward_deciding;
+use super::commands::LinkRelay;
+use super::context::{Shared, Upstream};
+use super::follow::Following;
 use super::reconcile::{self, Action, Blocked, DesiredLink};
 use super::{peers, trigger};
 use crate::credentials::{self, RemoteKubeconfig};
@@ -19,44 +20,12 @@ use crate::link::{self, LinkHandle};
 use crate::registry::Registry;
 use crate::view::replica::NewTerm;
 
-/// Where a running link reads its remote's objects from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Upstream {
-    /// The remote's API server: this replica holds the link's Lease, or nobody does.
-    Remote,
-    /// The facade of the replica holding the link's Lease (`host:port`): the remote keeps one
-    /// watch per resource per link however many replicas serve it.
-    Holder {
-        /// The holder's identity.
-        identity: String,
-        /// Its facade.
-        facade: String,
-    },
-    /// Nothing: this replica is giving the link's Lease back (it holds more than its share),
-    /// and stops reading the remote before it does, so that the next holder is the only one.
-    HandingOver,
-}
-
-impl std::fmt::Display for Upstream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Remote => f.write_str("the remote"),
-            Self::Holder { identity, facade } => {
-                write!(f, "the facade of Lease holder {identity} at {facade}")
-            }
-            Self::HandingOver => {
-                f.write_str("nothing: handing the link's Lease to another replica")
-            }
-        }
-    }
-}
-
 /// Where a running link is told to read from next.
 #[derive(Clone)]
 pub(super) enum Switch {
     /// Read the remote with these credentials; after following the holder, take the link
-    /// over under a term made from its Lease (its transitions, its last holder's base).
-    Read(crate::link::Connect, Option<NewTerm>),
+    /// over under this term, made from its Lease (its transitions, its last holder's base).
+    Read(crate::link::Connect, NewTerm),
     /// Follow the holder's view through its facade, reached this way.
     Follow(crate::link::Connect),
     /// Read nothing (the string says why); the view keeps serving.
@@ -70,20 +39,10 @@ pub(super) struct Running {
     pub(super) upstream: watch::Sender<Upstream>,
     pub(super) handle: Arc<LinkHandle>,
     pub(super) stop: watch::Sender<bool>,
-    /// What this replica last asked the link to follow: `Some(true)` quarantine, `Some(false)`
-    /// release, `None` nothing yet.
-    pub(super) followed: Option<bool>,
-    /// Whether the link's engine decides (this replica holds its Lease); a forwarder task
-    /// passes each change to the link, in order.
-    pub(super) deciding: watch::Sender<bool>,
     /// Where it reads from next: a forwarder task passes the latest to the link, in order.
     pub(super) switch: watch::Sender<Option<Switch>>,
-    /// Whether this run has followed the recorded containments once (a holder does only that).
-    pub(super) followed_containment: bool,
-    /// The link's service containment transitions not yet recorded as Events.
-    pub(super) transitions: tokio::sync::broadcast::Receiver<crate::churn::quarantine::Transition>,
-    /// When this run started.
-    pub(super) started: tokio::time::Instant,
+    /// What this run has followed of the holder's record, and whether its engine decides.
+    pub(super) following: Following,
 }
 
 impl std::fmt::Debug for Running {
@@ -218,7 +177,8 @@ impl Runs {
         if *r.upstream.borrow() == Upstream::Remote {
             tracing::info!(link = %r.desired.name, "new credentials: reconnecting the upstream");
             let connect = connect(&self.shared, &r.desired, &Upstream::Remote);
-            r.switch.send_replace(Some(Switch::Read(connect, None)));
+            let term = new_term(&self.shared, &r.desired.name);
+            r.switch.send_replace(Some(Switch::Read(connect, term)));
         }
     }
 
@@ -266,7 +226,7 @@ impl Runs {
             }
             Upstream::Remote => Switch::Read(
                 connect(&self.shared, &r.desired, &want),
-                Some(new_term(&self.shared, name)),
+                new_term(&self.shared, name),
             ),
         };
         r.upstream.send_replace(want);
@@ -375,17 +335,14 @@ impl Runs {
                 tracing::info!(link = %d.name, recorded = term.above, base = handle.view.term_base(), "the link's versions go on above the base its last holder recorded on the Lease");
             }
         }
-        // A link starts measuring only: the lease loop's held set makes the holder decide (at the
-        // next status tick), so no replica acts on a flood before it knows it holds the Lease.
-        let (deciding, deciding_rx) = watch::channel(false);
-        tokio::spawn(forward_deciding(handle.clone(), deciding_rx));
+        // It starts measuring only (see `Following::start`).
+        let following = Following::start(&handle);
         let (switch, switch_rx) = watch::channel(None);
         if let Upstream::Holder { .. } = &upstream {
             // Its view follows the holder's from the start, version for version.
             switch.send_replace(Some(Switch::Follow(connect_again)));
         }
         tokio::spawn(forward_switches(handle.clone(), switch_rx));
-        let transitions = handle.transitions();
         tracing::info!(link = %d.name, generation = ?link.meta().generation, %upstream, "link started");
         let (upstream, reads_from) = watch::channel(upstream);
         let relay = Arc::new(LinkRelay {
@@ -402,12 +359,8 @@ impl Runs {
                 upstream,
                 handle,
                 stop: stop_tx,
-                followed: None,
-                deciding,
                 switch,
-                followed_containment: false,
-                transitions,
-                started: tokio::time::Instant::now(),
+                following,
             },
         );
     }
@@ -452,7 +405,7 @@ async fn forward_switches(handle: Arc<LinkHandle>, mut switches: watch::Receiver
             continue;
         };
         let sent = match switch {
-            Switch::Read(connect, transitions) => handle.reconnect(connect, transitions).await,
+            Switch::Read(connect, term) => handle.reconnect(connect, term).await,
             Switch::Follow(connect) => handle.follow(connect).await,
             Switch::Stop(why) => handle.disconnect(why).await,
         };

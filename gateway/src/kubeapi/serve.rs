@@ -53,6 +53,10 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// read a byte for this long is stuck, not slow.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a client has to complete the TLS handshake, so one that connects and says nothing
+/// holds nothing.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The largest request head (request line and headers). A little over hyper's URI limit
 /// (65,534 bytes), so an overlong URI gets 414 and overlong headers 431; client-go's heads are
 /// a few hundred bytes.
@@ -73,6 +77,10 @@ pub struct ServeLimits {
     /// How long one write may stay pending.
     #[serde(with = "secs")]
     pub write_timeout: Duration,
+    /// How long a client has to complete the TLS handshake. Not in `/config`, which shows what
+    /// the flags set: no flag sets it.
+    #[serde(skip)]
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -81,6 +89,7 @@ impl Default for ServeLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -177,6 +186,27 @@ pub async fn serve(
     }
 }
 
+/// Serves `router` over TLS on `listener` until `shutdown` completes; then stops accepting, asks
+/// every open connection to finish (HTTP/1: after its response in flight; HTTP/2: GOAWAY) and
+/// returns once they all have (watches end when their view lets them go). The bounds are the
+/// default [`ServeLimits`] (HTTP/1.1 and HTTP/2 by ALPN). Only the e2e crate serves this way
+/// (through [`crate::tls::serve_tls`]); it moves there (issue 54).
+pub async fn serve_tls(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve(
+        listener,
+        Some(config),
+        router,
+        ServeLimits::default(),
+        shutdown,
+    )
+    .await
+}
+
 /// An accepted connection and what serves it.
 struct Accepted {
     tcp: TcpStream,
@@ -244,7 +274,7 @@ async fn start(accepted: Accepted) -> Option<Serving> {
         }
         Some(acceptor) => {
             let io = with_write_timeout(tcp, &limits);
-            let tls = handshake(&acceptor, io, peer).await?;
+            let tls = handshake(&acceptor, io, peer, &limits).await?;
             // ALPN says which protocol follows, so hyper's HTTP/1 header timer runs
             // from the start instead of waiting on version detection.
             if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
@@ -315,14 +345,15 @@ async fn first_byte(tcp: &TcpStream, peer: SocketAddr, limits: &ServeLimits) -> 
     sent.then_some(byte[0])
 }
 
-/// The TLS handshake, within [`crate::tls::HANDSHAKE_TIMEOUT`]; `None` (logged) when it
+/// The TLS handshake, within [`ServeLimits::handshake_timeout`]; `None` (logged) when it
 /// fails or times out.
 async fn handshake(
     acceptor: &TlsAcceptor,
     io: Pin<Box<TimeoutStream<TcpStream>>>,
     peer: SocketAddr,
+    limits: &ServeLimits,
 ) -> Option<TlsStream<Pin<Box<TimeoutStream<TcpStream>>>>> {
-    match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+    match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");

@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 
 use floodgate_link_crd::Phase;
 use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use super::task::Outputs;
 use crate::churn::flood::Reason;
-use crate::churn::quarantine::{State, StateName};
+use crate::churn::quarantine::{State, StateName, Transition};
 use crate::churn::{Counters, Engine};
 use crate::model::NsName;
 use crate::upstream::UpstreamCounters;
@@ -245,6 +246,15 @@ fn upstream_status(counters: &UpstreamCounters) -> UpstreamStatus {
         reachable: false,
         outages: counters.health.outages(),
     }
+}
+
+/// Where a link's state goes.
+pub(super) struct Outputs {
+    pub state: watch::Sender<LinkState>,
+    /// Every service containment transition, as it happens (for Events).
+    pub transitions: broadcast::Sender<Transition>,
+    pub version: watch::Sender<Option<Value>>,
+    pub has_servers: watch::Sender<bool>,
 }
 
 /// Publishes the link's state. Until the remote answers, the link is Degraded (unless it is

@@ -16,15 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_link_crd::LinkSpec;
-use serde_json::Value;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::persist::{Persist, contained_snapshot, restore, save, spawn_persister};
-use super::state::{Tally, publish_state};
+use super::state::{Outputs, Tally, publish_state};
 use super::wire::{Dialed, Watchers as _, Wire, connect_with_backoff};
-use super::{BATCH, Command, Connect, LinkState};
+use super::{BATCH, Command, Connect};
 use crate::churn::quarantine::{RequestError, State, Transition};
 use crate::churn::restore::Saved;
 use crate::churn::{Change, Effect, Engine};
@@ -38,15 +37,6 @@ use holder_synced::HolderSynced;
 use inputs::Inputs;
 use mode::{Mode, Progress, Source};
 use timers::Timers;
-
-/// Where a link's state goes.
-pub(super) struct Outputs {
-    pub state: watch::Sender<LinkState>,
-    /// Every service containment transition, as it happens (for Events).
-    pub transitions: broadcast::Sender<Transition>,
-    pub version: watch::Sender<Option<Value>>,
-    pub has_servers: watch::Sender<bool>,
-}
 
 /// What a link task is set up with: its spec, the view it serves, how it reaches the remote,
 /// and where what it saved before (a quarantine, contained services) is restored from.
@@ -246,11 +236,7 @@ impl<W: Wire> LinkTask<W> {
             }
             Command::Reconnect(super::Reconnect(connect), term) => {
                 if self.source.mode.follows_holder() {
-                    // No Lease read: a random step, above nothing recorded.
-                    self.take_over(term.unwrap_or_else(|| NewTerm {
-                        step: crate::credentials::incarnation(),
-                        above: 0,
-                    }));
+                    self.take_over(term);
                 } else {
                     tracing::info!("new credentials: reconnecting; the view keeps serving");
                 }

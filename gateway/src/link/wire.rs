@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::task::Outputs;
+use super::state::Outputs;
 use super::{CONNECT_BACKOFF, Connect};
 use crate::churn::Fetch;
 use crate::model::Kind;

@@ -1,6 +1,6 @@
 //! One stored object ([`Stored`]: the object, its version, its JSON, and its protobuf and
-//! metadata-only forms encoded on first use) and the change events watchers receive
-//! ([`Event`]).
+//! metadata-only forms ([`metadata`]) encoded on first use) and the change events watchers
+//! receive ([`Event`]).
 //!
 //! A pod's JSON is held once. Pods and EndpointSlices (most of what a link serves) are held
 //! as their JSON already ([`crate::model::PodObject`], and a slice's deflated:
@@ -18,9 +18,11 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use super::metadata::Metadata;
 use crate::model::{Form, HeldSlice, Object, shared_dictionary};
 use crate::protobuf::{self, Forms};
+use metadata::Metadata;
+
+pub mod metadata;
 
 /// One stored object.
 #[derive(Debug)]

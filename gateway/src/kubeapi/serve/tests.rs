@@ -42,6 +42,7 @@ fn limits() -> ServeLimits {
         max_connections: 100,
         header_read_timeout: Duration::from_millis(500),
         write_timeout: Duration::from_millis(500),
+        ..ServeLimits::default()
     }
 }
 

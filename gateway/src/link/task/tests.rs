@@ -5,9 +5,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use futures_util::future::BoxFuture;
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
+use super::super::LinkState;
 use super::super::wire::{Dialed, Watchers, Wire};
 use super::*;
 use crate::churn::tests::{mk_service, mk_spec};
@@ -183,6 +184,9 @@ fn no_credentials() -> Connect {
     Arc::new(|| Box::pin(async { anyhow::bail!("the fake dials without credentials") }))
 }
 
+/// The term a reconnect carries to a link that follows no holder, which leaves it unused.
+const UNUSED_TERM: NewTerm = NewTerm { step: 1, above: 0 };
+
 impl Link {
     fn start(failures: usize) -> Self {
         Self::start_with(failures, None)
@@ -350,7 +354,7 @@ async fn new_credentials_replace_the_connection_not_the_view() {
     link.serves(&["web"]).await;
 
     let connect = no_credentials();
-    let reconnect = Command::Reconnect(super::super::Reconnect(connect), None);
+    let reconnect = Command::Reconnect(super::super::Reconnect(connect), UNUSED_TERM);
     link.commands.send(reconnect).await.expect("sent");
     let second = link.run(2).await;
     assert!(
@@ -422,7 +426,7 @@ async fn a_disconnected_link_reads_nothing_until_told_where_to_read_again() {
     assert!(!first.is_live(), "its watchers are stopped");
     // What the stopped run still sends is not taken; the view stays as it was.
     first.send(Change::Delete(service("web").key())).await;
-    let reconnect = Command::Reconnect(super::super::Reconnect(no_credentials()), None);
+    let reconnect = Command::Reconnect(super::super::Reconnect(no_credentials()), UNUSED_TERM);
     link.commands.send(reconnect).await.expect("sent");
     let second = link.run(2).await;
     assert!(second.generation > first.generation);
@@ -503,7 +507,7 @@ async fn a_follower_serves_the_holders_versions_and_takes_over_with_only_what_ch
     (follower.commands)
         .send(Command::Reconnect(
             super::super::Reconnect(no_credentials()),
-            Some(crate::view::replica::NewTerm { step: 7, above: 0 }),
+            crate::view::replica::NewTerm { step: 7, above: 0 },
         ))
         .await
         .expect("the task takes commands");
@@ -607,7 +611,7 @@ async fn taking_over_stops_following_the_holder() {
     (follower.commands)
         .send(Command::Reconnect(
             super::super::Reconnect(no_credentials()),
-            Some(crate::view::replica::NewTerm { step: 1, above: 0 }),
+            crate::view::replica::NewTerm { step: 1, above: 0 },
         ))
         .await
         .expect("the task takes commands");

@@ -45,6 +45,7 @@ async fn start(
         max_connections: 100,
         header_read_timeout: Duration::from_secs(10),
         write_timeout: Duration::from_secs(10),
+        ..ServeLimits::default()
     };
     let task = tokio::spawn(serve(listener, None, router(api.clone()), limits, shutdown));
     (addr, api, task)

@@ -8,8 +8,7 @@ use bytes::Bytes;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
-use super::EventType;
-use super::stored::json_frame;
+use super::{EventType, json_frame};
 use crate::protobuf::{self, Forms};
 
 /// `apiVersion` of the metadata-only forms.
