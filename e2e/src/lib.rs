@@ -30,6 +30,7 @@ pub use workloads::{cold, flood, herd, hub, report, resolve};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use floodgate::kubeapi::serve::ServeLimits;
 use kube::runtime::watcher;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -65,9 +66,7 @@ impl RunningSim {
         let api = Arc::new(SimApi::new(store, token));
         let router = floodgate::kubeapi::router(api.clone());
         let task = tokio::spawn(async move {
-            if let Err(e) =
-                floodgate::tls::serve_tls(listener, config, router, std::future::pending()).await
-            {
+            if let Err(e) = serve_tls(listener, config, router, std::future::pending()).await {
                 eprintln!("kube-sim: server stopped: {e}");
             }
         });
@@ -140,9 +139,7 @@ impl RunningFacade {
             apis.clone(),
         )));
         let task = tokio::spawn(async move {
-            if let Err(e) =
-                floodgate::tls::serve_tls(listener, config, router, std::future::pending()).await
-            {
+            if let Err(e) = serve_tls(listener, config, router, std::future::pending()).await {
                 eprintln!("facade: server stopped: {e}");
             }
         });
@@ -229,4 +226,23 @@ where
         .expect("an event within 10 s")
         .expect("the stream goes on")
         .expect("no watcher error")
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` completes, with Floodgate's own
+/// serving loop and its default [`ServeLimits`] (HTTP/1.1 and HTTP/2 by ALPN), as kube-sim
+/// serves its facade; then stops accepting and lets every open connection finish.
+pub async fn serve_tls(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    router: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    floodgate::kubeapi::serve::serve(
+        listener,
+        Some(config),
+        router,
+        ServeLimits::default(),
+        shutdown,
+    )
+    .await
 }

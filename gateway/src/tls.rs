@@ -10,10 +10,6 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// Kept at this path for the e2e crate, the only one that serves this way; it moves there
-/// (issue 54).
-pub use crate::kubeapi::serve::serve_tls;
-
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

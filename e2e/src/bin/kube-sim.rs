@@ -102,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
             addr.ip().to_string(),
         ])?;
         let config = floodgate::tls::server_config(&tls)?;
-        let server = tokio::spawn(floodgate::tls::serve_tls(
+        let server = tokio::spawn(floodgate_e2e::serve_tls(
             listener,
             config,
             router,

@@ -186,27 +186,6 @@ pub async fn serve(
     }
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` completes; then stops accepting, asks
-/// every open connection to finish (HTTP/1: after its response in flight; HTTP/2: GOAWAY) and
-/// returns once they all have (watches end when their view lets them go). The bounds are the
-/// default [`ServeLimits`] (HTTP/1.1 and HTTP/2 by ALPN). Only the e2e crate serves this way
-/// (through [`crate::tls::serve_tls`]); it moves there (issue 54).
-pub async fn serve_tls(
-    listener: TcpListener,
-    config: Arc<rustls::ServerConfig>,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    serve(
-        listener,
-        Some(config),
-        router,
-        ServeLimits::default(),
-        shutdown,
-    )
-    .await
-}
-
 /// An accepted connection and what serves it.
 struct Accepted {
     tcp: TcpStream,
