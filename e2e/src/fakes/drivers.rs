@@ -186,14 +186,7 @@ impl Cluster {
         let Some(mut svc) = self.services.remove(name) else {
             return;
         };
-        let mut changed = BTreeSet::new();
-        let mut removed = Vec::new();
-        while svc.pods.len() > replicas {
-            if let Some(p) = svc.pods.pop() {
-                removed.push(self.pod_key(name, &p));
-                changed.insert(svc.pods.len() / SLICE_SIZE);
-            }
-        }
+        let (mut changed, removed) = self.shrink(name, &mut svc, replicas);
         let start = svc.pods.len();
         changed.extend(self.grow(&mut svc, replicas, ready));
         // Only the new pods are written: the others did not change.
@@ -346,6 +339,24 @@ impl Cluster {
             )
         });
         self.store.apply(slices.collect::<Vec<_>>());
+    }
+
+    /// Drops `svc`'s last pods down to `replicas` from its model: the slices they were in, and
+    /// their keys (the pods to delete once the slices no longer name them).
+    fn shrink(
+        &self,
+        name: &str,
+        svc: &mut ServiceModel,
+        replicas: usize,
+    ) -> (BTreeSet<usize>, Vec<ObjKey>) {
+        let mut changed = BTreeSet::new();
+        let mut removed = Vec::new();
+        for p in svc.pods.split_off(replicas.min(svc.pods.len())) {
+            removed.push(self.pod_key(name, &p));
+        }
+        let start = svc.pods.len();
+        changed.extend((start..start + removed.len()).map(|i| i / SLICE_SIZE));
+        (changed, removed)
     }
 
     /// Writes revision `n` of service `name`'s Deployment's ReplicaSet.

@@ -279,37 +279,28 @@ pub fn helm() -> anyhow::Result<PathBuf> {
 
 /// `helm --kubeconfig FILE ARGS`: its stdout, or an error with its stderr.
 pub async fn helm_run(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(helm()?)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .context("running helm")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "helm {}: {}: {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8(out.stdout)?)
+    with_kubeconfig(&helm()?, kubeconfig, args).await
 }
 
 /// `kubectl --kubeconfig FILE ARGS`: its stdout, or an error with its stderr.
 pub async fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("kubectl")
+    with_kubeconfig(Path::new("kubectl"), kubeconfig, args).await
+}
+
+/// `TOOL --kubeconfig FILE ARGS`: its stdout, or an error naming the tool with its stderr.
+async fn with_kubeconfig(tool: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let name = tool.file_name().unwrap_or_default().to_string_lossy();
+    let out = Command::new(tool)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
         .kill_on_drop(true)
         .output()
         .await
-        .context("running kubectl")?;
+        .with_context(|| format!("running {name}"))?;
     anyhow::ensure!(
         out.status.success(),
-        "kubectl {}: {}: {}",
+        "{name} {}: {}: {}",
         args.join(" "),
         out.status,
         String::from_utf8_lossy(&out.stderr).trim()

@@ -89,14 +89,7 @@ impl Cluster {
             tokio::time::sleep(lag).await;
             self.sync(name, &mut svc, &changed);
         } else {
-            let mut changed = BTreeSet::new();
-            let mut removed = Vec::new();
-            while svc.pods.len() > replicas {
-                if let Some(p) = svc.pods.pop() {
-                    removed.push(self.pod_key(name, &p));
-                    changed.insert(svc.pods.len() / SLICE_SIZE);
-                }
-            }
+            let (changed, removed) = self.shrink(name, &mut svc, replicas);
             self.sync(name, &mut svc, &changed);
             tokio::time::sleep(lag).await;
             self.store.delete(removed);
