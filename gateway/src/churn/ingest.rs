@@ -28,6 +28,7 @@ impl Engine {
             Change::Delete(key) => {
                 if key.kind == Kind::Pod {
                     self.publisher.seen(&key.id);
+                    self.held_pod_gone(&key.id, now);
                 }
                 self.change(key, None, now, true);
             }
@@ -97,11 +98,12 @@ impl Engine {
         };
         if let Object::Pod(pod) = &obj {
             self.publisher.seen(&key.id);
-            if !self.publisher.wants(&key.id) && self.store.pod(&key.id).is_none() {
+            if !self.publisher.wants(&key.id) {
                 // Named by no published endpoint. A new pod of a service under its cap (of
                 // a ReplicaSet it serves) is held once it is ready, so its slice finds it;
-                // the pod watcher sent it for that, and its event counts for that service
-                // as a skipped one would. Any other costs its decoding, nothing more.
+                // the pod watcher sent it for that. Each of its events, held or not, counts
+                // for that service as a skipped one would: a crash loop of held pods is
+                // churn all the same. Any other pod costs its decoding, nothing more.
                 let owners: Vec<NsName> = (pod.replicasets())
                     .filter(|rs| self.publisher.owner_wanted(rs))
                     .collect();
@@ -110,7 +112,8 @@ impl Engine {
                         self.skipped(rs, 1, now);
                     }
                 }
-                if owners.is_empty() || !pod.is_ready() {
+                let held = self.store.pod(&key.id).is_some();
+                if !held && (owners.is_empty() || !pod.is_ready()) {
                     self.ingested.irrelevant += 1;
                     return;
                 }
@@ -120,6 +123,23 @@ impl Engine {
             }
         }
         self.change(key, Some(obj), now, !listing);
+    }
+
+    /// A pod held ahead of its slice ([`Self::applied`]), named by no endpoint, is deleted: its
+    /// event counts for the services of its ReplicaSets as its other events do.
+    fn held_pod_gone(&mut self, id: &NsName, now: Instant) {
+        if self.publisher.wants(id) {
+            return;
+        }
+        let Some(pod) = self.store.pod(id) else {
+            return;
+        };
+        let owners: Vec<NsName> = (pod.replicasets())
+            .filter(|rs| self.publisher.owner_wanted(rs))
+            .collect();
+        for rs in &owners {
+            self.skipped(rs, 1, now);
+        }
     }
 
     /// Puts a change in the cache and marks the groups it touched; `churn` when it counts

@@ -475,6 +475,9 @@ impl Publisher {
                 self.wanted.add(pod, svc);
             }
         }
+        for rs in &published.owners {
+            self.own(rs);
+        }
         self.groups.insert(g, published);
     }
 

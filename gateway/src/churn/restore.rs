@@ -74,6 +74,8 @@ impl Engine {
             if !self.publisher.has_published(&g) {
                 self.install(c.objects, now);
             }
+            // Contained, it serves what it published: no new pod of its is held ahead.
+            self.publisher.set_owners(&g, Vec::new(), &mut self.store);
             self.containment
                 .restore(&c.service, now, c.since, c.trigger, c.cooldown);
         }
@@ -96,6 +98,7 @@ impl Engine {
         for (group, published) in groups_of(&objects) {
             self.publisher.install(group, published);
         }
+        self.publisher.drop_unwanted_pods(&mut self.store);
         self.publisher.refresh_wanted();
         self.sync.clear();
         self.sync.once = false;
@@ -174,9 +177,15 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
         }
         p.endpoints = super::cap::keys(&p.slices, p.endpoints_object.as_ref()).len();
         p.pods = pods.iter().map(PodHash::of_id).collect();
+        // Under its cap, the ReplicaSets of its pods are followed again at once, as
+        // `Publisher::commit` follows them: their next scale-up's pods are held ahead.
+        let mut owners = BTreeSet::new();
         for pod in pods {
             let pk = key(Kind::Pod, pod);
             if let Some(Object::Pod(pod)) = objects.get(&pk) {
+                if p.truncated == 0 {
+                    owners.extend(pod.replicasets());
+                }
                 for rs in pod.replicasets() {
                     let rk = key(Kind::ReplicaSet, rs);
                     if objects.contains_key(&rk) {
@@ -186,6 +195,7 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
                 p.objects.insert(pk);
             }
         }
+        p.owners = owners.into_iter().collect();
         out.insert(Group::Service(svc), p);
     }
     out

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use super::Publisher;
 use crate::churn::store::Store;
 use crate::model::wanted::{PodHash, PodSet};
-use crate::model::{Group, NsName};
+use crate::model::{Group, Kind, NsName};
 
 impl Publisher {
     /// Whether a new pod of ReplicaSet `rs` is held as it comes, before any endpoint names
@@ -52,7 +52,12 @@ impl Publisher {
     /// The group's [`Published::owners`] become `owners`: a ReplicaSet no group wants any
     /// more stops being followed, and its pods held before any endpoint named them, named by
     /// none since, leave the store.
-    pub(super) fn set_owners(&mut self, g: &Group, owners: Vec<NsName>, store: &mut Store) {
+    pub(in crate::churn) fn set_owners(
+        &mut self,
+        g: &Group,
+        owners: Vec<NsName>,
+        store: &mut Store,
+    ) {
         let st = self.groups.entry(g.clone()).or_default();
         if st.owners == owners {
             return;
@@ -79,13 +84,34 @@ impl Publisher {
             }
         }
         for new in owners.iter().filter(|rs| !old.contains(rs)) {
-            let n = self.owners.entry(new.clone()).or_default();
-            *n += 1;
-            if *n == 1
-                && let Some(m) = &self.mirror
-            {
-                m.want_owner(new, true);
-            }
+            self.own(new);
+        }
+    }
+
+    /// One more group wants ReplicaSet `rs`'s new pods held ahead; the pod watcher is told at
+    /// the first.
+    pub(super) fn own(&mut self, rs: &NsName) {
+        let n = self.owners.entry(rs.clone()).or_default();
+        *n += 1;
+        if *n == 1
+            && let Some(m) = &self.mirror
+        {
+            m.want_owner(rs, true);
+        }
+    }
+
+    /// Drops from the store the pods no group wants and no followed ReplicaSet holds ahead:
+    /// what a [`Self::reset`] left there (it forgets the groups, not the store) once the groups
+    /// it takes over are installed.
+    pub(in crate::churn) fn drop_unwanted_pods(&self, store: &mut Store) {
+        let stale: Vec<NsName> = (store.keys(Kind::Pod).into_iter())
+            .filter(|id| !self.wanted.contains(id))
+            .filter(|id| {
+                !(store.pod(id)).is_some_and(|p| p.replicasets().any(|rs| self.owner_wanted(&rs)))
+            })
+            .collect();
+        for id in stale {
+            store.drop_pod(&id);
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::churn::publish::AWAIT;
 use crate::churn::publish::stages::LEAD;
 use crate::churn::removal::QUIET;
 use crate::model::EndpointsObject;
-use crate::view::EventType;
+use crate::view::{Change as ViewChange, EventType};
 
 /// The events a poll at `now` put out, as (kind, type, name).
 fn polled(e: &mut Engine, feeds: &mut Feeds) -> Vec<(Kind, EventType, String)> {
@@ -153,6 +153,74 @@ async fn a_capped_services_new_pods_are_not_held_ahead() {
         e.store.pod(&NsName::new("ns", "web-3")).is_none(),
         "held ahead, named by no kept endpoint: dropped with its ReplicaSet"
     );
+}
+
+/// A view taken over (a follower becoming the holder) follows its services' ReplicaSets again
+/// at once, not only once each group republishes: the next scale-up's pod is held ahead.
+#[tokio::test(start_paused = true)]
+async fn a_view_taken_over_holds_its_replicasets_new_pods_ahead_at_once() {
+    let (mut e, _feeds) = serving_web_of_a_replicaset(&mk_spec()).await;
+    e.set_following();
+    e.adopt_view();
+    apply(&mut e, mk_owned_pod("web-2", "web-rs", true));
+    assert!(e.store.pod(&NsName::new("ns", "web-2")).is_some(), "held");
+}
+
+/// A pod held ahead while this replica decided, whose service left the view it followed since,
+/// leaves the store when the view is taken over: nothing published wants it any more.
+#[tokio::test(start_paused = true)]
+async fn pods_held_ahead_of_a_service_gone_meanwhile_leave_the_store_at_a_take_over() {
+    let (mut e, _feeds) = serving_web_of_a_replicaset(&mk_spec()).await;
+    apply(&mut e, mk_owned_pod("web-2", "web-rs", true));
+    assert!(e.store.pod(&NsName::new("ns", "web-2")).is_some(), "held");
+    e.set_following();
+    // The holder stopped serving `web`; the followed view says so.
+    let gone: Vec<ViewChange> = (Kind::ALL.iter())
+        .flat_map(|k| e.view().list(*k).items)
+        .map(|s| ViewChange::Delete(s.object.key()))
+        .collect();
+    e.view().apply(gone, Instant::now());
+    e.adopt_view();
+    assert!(
+        e.store.pod(&NsName::new("ns", "web-2")).is_none(),
+        "dropped"
+    );
+    apply(&mut e, mk_owned_pod("web-3", "web-rs", true));
+    assert!(
+        e.store.pod(&NsName::new("ns", "web-3")).is_none(),
+        "its ReplicaSet is not followed"
+    );
+}
+
+/// A pod held ahead of its slice that crash-loops is churn of its service as a skipped pod's
+/// events are: every event counts, not only the one that brought it in, and the service is
+/// contained once over `serviceEventsPerSecond` for `sustainedFor`.
+#[tokio::test(start_paused = true)]
+async fn a_held_pods_crash_loop_counts_towards_its_services_flood() {
+    let mut spec = mk_spec();
+    spec.quarantine.when.service_events_per_second = 50;
+    spec.quarantine.when.events_per_second = 400;
+    spec.quarantine.when.sustained_for = KubeDuration::from_secs(3);
+    let (mut e, _feeds) = serving_web_of_a_replicaset(&spec).await;
+    let start = Instant::now();
+    let mut ready = true;
+    // 60 events a second of web-2, held ahead (named by no endpoint).
+    while e.contained().is_empty() {
+        assert!(
+            Instant::now() - start < Duration::from_secs(10),
+            "not contained: {:?}",
+            e.counters()
+        );
+        for _ in 0..6 {
+            apply(&mut e, mk_owned_pod("web-2", "web-rs", ready));
+            ready = !ready;
+        }
+        assert!(e.store.pod(&NsName::new("ns", "web-2")).is_some(), "held");
+        time::advance(Duration::from_millis(100)).await;
+        e.poll(Instant::now());
+    }
+    assert_eq!(e.contained()[0].service, NsName::new("ns", "web"));
+    assert!(e.counters().skipped_events >= 150, "{:?}", e.counters());
 }
 
 /// A pod the fetch finds absent holds nothing back: the slice goes at once (it names a pod that
