@@ -10,7 +10,8 @@
 //! - [`workloads`]: the scenarios and their judges: the side-by-side flood replay ([`flood`]),
 //!   the restart herd ([`herd`]), cold starts ([`cold`]), a hub of many links ([`hub`]), the
 //!   consumers that resolve endpoints as Linkerd's destination does ([`resolve`], and
-//!   `src/bin/consumer.rs`), and the rows they report ([`report`]).
+//!   `src/bin/consumer.rs`), the shapes a real cluster makes judged at the event ([`shapes`]),
+//!   and the rows they report ([`report`]).
 //!
 //! Each module is also at the crate's root (`floodgate_e2e::sim`, ...), as tests name them.
 //! The demo is `src/bin/demo.rs`, the scenario benchmarks `src/bin/scenarios/`; the tests in
@@ -25,7 +26,7 @@ pub mod workloads;
 
 pub use fakes::{chaos, drivers, local, real, relay, sim};
 pub use harness::{admin, cluster, gateway, logs, modes, process, rbac, replicas};
-pub use workloads::{cold, flood, herd, hub, report, resolve};
+pub use workloads::{cold, flood, herd, hub, report, resolve, shapes};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 //! | [`cold`] | cold starts against a large remote |
 //! | [`hub`] | a hub of many links in one `floodgate run` |
 //! | [`resolve`] | consumers that resolve endpoints to pods as Linkerd's destination does, settled and at each event |
+//! | [`shapes`] | the shapes a real cluster's controllers make (scale-up, burst, scale-down, rolling update), judged at the event direct and through Floodgate |
 //! | [`report`] | the rows side-by-side runs report, each figure beside the design's target |
 
 pub mod cold;
@@ -16,3 +17,4 @@ pub mod herd;
 pub mod hub;
 pub mod report;
 pub mod resolve;
+pub mod shapes;

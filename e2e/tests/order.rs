@@ -3,60 +3,48 @@
 //!
 //! - Linkerd's destination resolves each ready endpoint's pod in its pod cache when it handles
 //!   the EndpointSlice event, and drops an address whose pod it does not hold until that slice
-//!   changes again ([`EventResolver`]). kube-sim writes pods before the slices naming them, and
-//!   drops an endpoint before its pod, with a real cluster's lag ([`CONTROLLER_LAG`]); the
-//!   consumer through Floodgate must lose no address a direct one keeps, in a scale-up one pod
-//!   at a time, a burst, a scale-down and a rolling update.
+//!   changes again (`EventResolver`). kube-sim writes pods before the slices naming them, and
+//!   drops an endpoint before its pod, with a real cluster's lag ([`shapes`]); the consumer
+//!   through Floodgate must lose no address a direct one keeps, in a scale-up one pod at a
+//!   time, a burst, a scale-down and a rolling update.
 //! - Linkerd's service mirror reads a Service's Endpoints from its cache when it handles the
 //!   Service's `ADDED`, and ignores an Endpoints `ADDED` that comes after: a service exported
 //!   or re-exported must reach it after its Endpoints, every time.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::drivers::{CONTROLLER_LAG, Cluster, EXPORTED};
-use floodgate_e2e::gateway::{Stack, client_from};
-use floodgate_e2e::replicas::Fleet;
-use floodgate_e2e::resolve::EventResolver;
+use floodgate_e2e::drivers::{Cluster, EXPORTED};
+use floodgate_e2e::gateway::Stack;
+use floodgate_e2e::shapes::{self, Pair, Shapes};
 use floodgate_e2e::sim::SimStore;
-use floodgate_e2e::until;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
-/// The pods `web` has now, as the resolvers name them.
-fn pods(names: impl IntoIterator<Item = u32>) -> BTreeSet<String> {
-    names.into_iter().map(|i| format!("prod/web-{i}")).collect()
+/// Asserts what the consumer through Floodgate lost in the shapes and how late it was.
+fn judged(s: &Shapes) {
+    assert_eq!(s.lost_direct, 0, "direct lost addresses");
+    assert_eq!(
+        s.lost_through, 0,
+        "through {}, addresses lost at the slice event: {:?}",
+        s.path, s.lost_through_by_service
+    );
+    assert!(s.slice_events > 10, "{} slice events", s.slice_events);
+    // Each step within direct's time + 50 ms at p99 (a fetch of the new pod and the lead it
+    // is given), with room for a loaded 2-core machine.
+    let Pair { through, direct } = s.scale_up;
+    assert!(
+        through <= direct + Duration::from_millis(50) + Duration::from_millis(100),
+        "a scale-up step took {through:?} through {}, {direct:?} direct",
+        s.path
+    );
 }
 
-/// How long a step may take to reach a consumer here (a loaded 2-core machine); the figures
-/// printed are what the comparison is about.
+/// How long the mirror's view may take to change here (a loaded 2-core machine).
 const WITHIN: Duration = Duration::from_secs(10);
-
-/// Waits until both consumers hold `want`, and returns how long each took from `written`.
-async fn step(
-    via: &EventResolver,
-    direct: &EventResolver,
-    want: &BTreeSet<String>,
-    written: Instant,
-) -> (Duration, Duration) {
-    direct
-        .wait_for("prod/web", want, WITHIN)
-        .await
-        .expect("direct");
-    let d = written.elapsed();
-    via.wait_for("prod/web", want, WITHIN)
-        .await
-        .expect("through Floodgate");
-    (written.elapsed(), d)
-}
-
-fn p99(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[(v.len() * 99 / 100).min(v.len() - 1)]
-}
 
 /// A scale-up one pod at a time (3 -> 10), a burst (10 -> 200), a scale-down (200 -> 5) and a
 /// rolling update of the 5, each written in a real cluster's order: the consumer that resolves
@@ -64,16 +52,7 @@ fn p99(mut v: Vec<Duration>) -> Duration {
 /// step reaches it shortly after it reaches the direct one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_address_of_a_scale_up_reaches_a_consumer_that_resolves_at_the_event() {
-    let store = Arc::new(SimStore::new(21, 10_000));
-    let mut cluster = Cluster::new(store.clone(), "prod");
-    cluster.add_service("web", true);
-    cluster.scale("web", 3, true);
-    let stack = Stack::start(store, Stack::default_spec())
-        .await
-        .expect("stack");
-    let via = EventResolver::start(stack.consumer().await.expect("consumer"));
-    let direct = EventResolver::start(stack.direct().await.expect("direct"));
-    shapes(&mut cluster, &via, &direct, "floodgate run").await;
+    judged(&shapes::through_run().await.expect("the shapes"));
 }
 
 /// The same shapes through a follower replica of `floodgate controller`: the follower
@@ -81,93 +60,10 @@ async fn every_address_of_a_scale_up_reaches_a_consumer_that_resolves_at_the_eve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_address_of_a_scale_up_reaches_a_consumer_of_a_follower_replica() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut fleet = Fleet::start(dir.path(), &["east"]).await.expect("fleet");
-    fleet.add_replica("floodgate-0").await.expect("floodgate-0");
-    until(30, "floodgate-0 holds the Lease", async || fleet.held_by(1)).await;
-    fleet.add_replica("floodgate-1").await.expect("floodgate-1");
-    fleet.all_serve(&["web"]).await.expect("both serve web");
-    fleet.cluster.scale_in_order("web", 3, CONTROLLER_LAG).await;
-    let holder = fleet.holders()[0].clone().expect("a holder");
-    let follower = if holder == "floodgate-0" {
-        "floodgate-1"
-    } else {
-        "floodgate-0"
-    };
-    let via = EventResolver::start(fleet.consumer(follower, "east").await.expect("consumer"));
-    let direct = EventResolver::start(client_from(&fleet.sim.kubeconfig()).await.expect("direct"));
-    shapes(&mut fleet.cluster, &via, &direct, "a follower replica").await;
-}
-
-/// Drives `web` (3 ready pods, or about to be) through the shapes, each step waited for on
-/// both consumers, and asserts what `via` lost and how late it was.
-async fn shapes(cluster: &mut Cluster, via: &EventResolver, direct: &EventResolver, path: &str) {
-    for r in [via, direct] {
-        r.synced(WITHIN).await.expect("synced");
-        r.wait_for("prod/web", &pods(0..3), WITHIN)
+    judged(
+        &shapes::through_follower(dir.path())
             .await
-            .expect("first sync");
-    }
-
-    let (mut through, mut straight) = (Vec::new(), Vec::new());
-    for n in 4..=10 {
-        // A step after the last one's coalescing window closed: this measures the order's
-        // cost, not `coalesce.quiet` (a burst of slice changes waits for it by design).
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        cluster.scale_in_order("web", n, CONTROLLER_LAG).await;
-        let (t, d) = step(via, direct, &pods(0..n as u32), Instant::now()).await;
-        through.push(t);
-        straight.push(d);
-    }
-    let scale_up = (p99(through), p99(straight));
-    println!(
-        "{path}: scale-up 3 -> 10 one pod at a time: p99 {:?} through Floodgate, {:?} direct, from the slice's write",
-        scale_up.0, scale_up.1
-    );
-    cluster.scale_in_order("web", 200, CONTROLLER_LAG).await;
-    let (t, d) = step(via, direct, &pods(0..200), Instant::now()).await;
-    println!("{path}: burst 10 -> 200: {t:?} through Floodgate, {d:?} direct");
-    cluster.scale_in_order("web", 5, CONTROLLER_LAG).await;
-    let (t, d) = step(via, direct, &pods(0..5), Instant::now()).await;
-    println!("{path}: scale-down 200 -> 5: {t:?} through Floodgate, {d:?} direct");
-    // A rolling update: pods 0..5 replaced one by one by pods 200.. (the driver's next names)
-    // of a new ReplicaSet, which no endpoint names before the first of them.
-    let mut now = pods(0..5);
-    let (mut through, mut straight) = (Vec::new(), Vec::new());
-    for i in 0..5u32 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        cluster
-            .replace_pod_in_order("web", i as usize, CONTROLLER_LAG)
-            .await;
-        now.remove(&format!("prod/web-{i}"));
-        now.insert(format!("prod/web-{}", 200 + i));
-        let (t, d) = step(via, direct, &now, Instant::now()).await;
-        through.push(t);
-        straight.push(d);
-    }
-    println!(
-        "{path}: rolling update of 5 to a new ReplicaSet: p99 {:?} through Floodgate, {:?} direct",
-        p99(through),
-        p99(straight)
-    );
-
-    assert_eq!(direct.lost(), 0, "direct: {:?}", direct.lost_by_service());
-    assert_eq!(
-        via.lost(),
-        0,
-        "through {path}, addresses lost at the slice event: {:?}",
-        via.lost_by_service()
-    );
-    assert!(
-        via.slice_events() > 10,
-        "{} slice events",
-        via.slice_events()
-    );
-    // Each step within direct's time + 50 ms at p99 (a fetch of the new pod and the lead it
-    // is given), with room for a loaded 2-core machine.
-    let (t, d) = scale_up;
-    assert!(
-        t <= d + Duration::from_millis(50) + Duration::from_millis(100),
-        "a scale-up step took {t:?} through {path}, {d:?} direct"
+            .expect("the shapes"),
     );
 }
 

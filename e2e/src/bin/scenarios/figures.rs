@@ -7,6 +7,7 @@ use floodgate_e2e::hub::{HubOutcome, HubPlan};
 use floodgate_e2e::replicas::{Failover, Spread};
 use floodgate_e2e::report::{Figure, S1, mib};
 use floodgate_e2e::resolve::Resolved;
+use floodgate_e2e::shapes::{Pair, Shapes};
 
 /// The resolver consumer's figure: ready endpoints served without their pod for more than
 /// 2 s (a destination drops them), for the calm services and for the flooder, and what the
@@ -397,4 +398,48 @@ pub fn small_services_figures(plan: &HubPlan, o: &HubOutcome, out: &mut Vec<Figu
         target: "<= 2x".into(),
         met: Some(ratio <= 2.0),
     });
+}
+
+/// The shapes a real cluster makes, judged at the slice event: per path, one row per shape,
+/// the scale-up against guarantee 9's target (direct + 50 ms at p99, no address lost).
+pub fn shapes_figures(runs: &[&Shapes], out: &mut Vec<Figure>) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    for s in runs {
+        let lost = format!(
+            "; {} addresses lost at the event ({} direct)",
+            s.lost_through, s.lost_direct
+        );
+        let rows: [(&str, &Pair, bool); 4] = [
+            ("scale-up 3 -> 10 one pod at a time, p99", &s.scale_up, true),
+            ("burst 10 -> 200", &s.burst, false),
+            ("scale-down 200 -> 5", &s.shrink, false),
+            (
+                "rolling update of 5 to a new ReplicaSet, p99",
+                &s.rollout,
+                false,
+            ),
+        ];
+        for (shape, p, judged) in rows {
+            let extra = ms(p.through) - ms(p.direct);
+            out.push(Figure {
+                what: format!(
+                    "Shapes at the slice event ({}): {shape}, from the slice's write",
+                    s.path
+                ),
+                direct: format!("{:.1} ms", ms(p.direct)),
+                floodgate: format!(
+                    "{:.1} ms{}",
+                    ms(p.through),
+                    if judged { lost.as_str() } else { "" }
+                ),
+                ratio: format!("{extra:+.1} ms"),
+                target: if judged {
+                    "direct + 50 ms, 0 lost".into()
+                } else {
+                    "0 lost".into()
+                },
+                met: Some(s.lost_through == 0 && (!judged || extra <= 50.0)),
+            });
+        }
+    }
 }

@@ -40,7 +40,7 @@ use floodgate_e2e::flood::{self, Outcome, Plan, Reporter, Sample};
 
 use crate::figures::{
     calm_figures, cold_flood_figures, cold_large_figures, cold_wide_figures, hub_figures,
-    replica_figures, s1_figures, small_services_figures,
+    replica_figures, s1_figures, shapes_figures, small_services_figures,
 };
 use crate::report::{engine_figures, facade_figures, markdown};
 use floodgate_e2e::herd;
@@ -93,7 +93,7 @@ struct Args {
     #[arg(long, default_value_t = 1_000)]
     small_services: usize,
     /// Run only these scenarios (comma-separated: s1-hidden, s1-exported, calm, cold-flood,
-    /// cold-large, cold-wide, many-links, small-services, replicas, s2); the report then
+    /// cold-large, cold-wide, many-links, small-services, replicas, shapes, s2); the report then
     /// holds their figures only.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -334,6 +334,13 @@ async fn main() -> anyhow::Result<()> {
         let spread = floodgate_e2e::replicas::spread(&dir("replicas-spread")?).await?;
         replica_figures(&failover, &spread, &mut figures);
         report["replicas"] = json!({"failover": failover, "spread": spread});
+    }
+    if args.runs("shapes") {
+        println!("shapes: a scale-up, a burst, a scale-down and a rollout, judged at the event");
+        let run = floodgate_e2e::shapes::through_run().await?;
+        let follower = floodgate_e2e::shapes::through_follower(&dir("shapes-follower")?).await?;
+        shapes_figures(&[&run, &follower], &mut figures);
+        report["shapes"] = json!([run, follower]);
     }
     if args.runs("s2") {
         println!(
