@@ -31,9 +31,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::Value;
 
-use self::resource::{RESOURCES, ResourceDef};
 use self::route::{not_found_path, serve};
 use self::status::{Reason, StatusError};
+use crate::model::{KINDS, KindDef};
 use crate::view::View;
 
 /// Request bodies larger than this are refused with 413: nothing a consumer sends (an access
@@ -72,7 +72,7 @@ pub struct Write<'a> {
     /// POST, PUT, PATCH or DELETE.
     pub method: &'a Method,
     /// The resource.
-    pub def: &'static ResourceDef,
+    pub def: &'static KindDef,
     /// The namespace in the path.
     pub namespace: Option<&'a str>,
     /// The object's name, for PUT, PATCH and DELETE.
@@ -89,8 +89,8 @@ pub trait ApiStore: Send + Sync + 'static {
     fn view(&self) -> &View;
 
     /// The resources served (a remote without Linkerd's policy API serves no servers).
-    fn served(&self) -> Vec<&'static ResourceDef> {
-        RESOURCES.iter().collect()
+    fn served(&self) -> Vec<&'static KindDef> {
+        KINDS.iter().collect()
     }
 
     /// `GET /version`: the upstream's version.
@@ -154,7 +154,7 @@ impl<T: ApiStore> ApiStore for Arc<T> {
     fn view(&self) -> &View {
         T::view(self)
     }
-    fn served(&self) -> Vec<&'static ResourceDef> {
+    fn served(&self) -> Vec<&'static KindDef> {
         T::served(self)
     }
     fn version(&self) -> Value {
@@ -203,14 +203,14 @@ impl ApiCounters {
     }
 }
 
-/// Watches open on a facade, by resource (in [`RESOURCES`]' order).
+/// Watches open on a facade, by resource (in [`KINDS`]' order).
 #[derive(Debug, Default)]
-pub struct OpenWatches([AtomicU64; RESOURCES.len()]);
+pub struct OpenWatches([AtomicU64; KINDS.len()]);
 
 impl OpenWatches {
     /// Open watches of each served resource, by plural.
     pub fn by_resource(&self) -> Vec<(&'static str, u64)> {
-        (RESOURCES.iter().zip(&self.0))
+        (KINDS.iter().zip(&self.0))
             .map(|(def, n)| (def.plural, n.load(Ordering::Relaxed)))
             .collect()
     }
@@ -225,10 +225,8 @@ pub struct OpenWatch {
 
 impl OpenWatch {
     /// Counts a watch of `def` from now until it is dropped.
-    pub fn of(all: &Arc<OpenWatches>, def: &ResourceDef) -> Self {
-        let index = (RESOURCES.iter())
-            .position(|d| std::ptr::eq(d, def))
-            .unwrap_or(0);
+    pub fn of(all: &Arc<OpenWatches>, def: &KindDef) -> Self {
+        let index = def.kind.index();
         all.0[index].fetch_add(1, Ordering::Relaxed);
         Self {
             all: all.clone(),

@@ -16,9 +16,9 @@ use tracing::Instrument;
 use crate::churn::flood::Trigger;
 use crate::churn::quarantine::{RequestError, Transition};
 use crate::kubeapi::ApiStore;
-use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::kubeapi::status::StatusError;
 use crate::model::NsName;
+use crate::model::{KINDS, KindDef};
 use crate::persist::LinkDir;
 use crate::view::replica::NewTerm;
 use crate::view::{DEFAULT_HISTORY, View};
@@ -328,9 +328,9 @@ impl ApiStore for LinkStore {
         &self.view
     }
 
-    fn served(&self) -> Vec<&'static ResourceDef> {
+    fn served(&self) -> Vec<&'static KindDef> {
         let servers = *self.has_servers.borrow();
-        RESOURCES
+        KINDS
             .iter()
             .filter(|r| servers || r.kind != crate::model::Kind::Server)
             .collect()

@@ -14,11 +14,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 mod endpoints;
+mod kind;
 mod pod;
 mod slice;
 pub mod wanted;
 
 pub use endpoints::{EndpointsObject, HeldAddress, HeldSubset};
+pub use kind::{KINDS, Kind, KindDef};
 pub use pod::PodObject;
 pub use slice::{
     DeflatedSlice, Dictionary, Form, HeldSlice, SliceEndpoint, SliceObject, shared_dictionary,
@@ -33,79 +35,9 @@ pub const TRUNCATED_ANNOTATION: &str = "floodgate.dev/endpoints-truncated";
 /// Set beside [`TRUNCATED_ANNOTATION`]: the service's endpoints upstream, before the cap.
 pub const TOTAL_ANNOTATION: &str = "floodgate.dev/endpoints-total";
 
-/// The resources a link carries (the Linkerd consumer profile).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Kind {
-    /// `v1` services.
-    Service,
-    /// `discovery.k8s.io/v1` endpointslices.
-    EndpointSlice,
-    /// `v1` endpoints.
-    Endpoints,
-    /// `v1` pods.
-    Pod,
-    /// `apps/v1` replicasets (metadata only).
-    ReplicaSet,
-    /// `policy.linkerd.io/v1beta3` servers.
-    Server,
-    /// `v1` configmaps: only the remote's `linkerd-config` ([`LINKERD_CONFIG`]), passed
-    /// through read-only for `linkerd multicluster check`.
-    ConfigMap,
-}
-
 /// The one ConfigMap a link carries: the remote's Linkerd configuration (its identity trust
 /// anchors among it), in the Link's `targetClusterLinkerdNamespace`.
 pub const LINKERD_CONFIG: &str = "linkerd-config";
-
-// `Kind::index` is a position in `Kind::ALL`.
-const _: () = {
-    let mut i = 0;
-    while i < Kind::ALL.len() {
-        assert!(Kind::ALL[i].index() == i);
-        i += 1;
-    }
-};
-
-impl Kind {
-    /// Every kind, in a fixed order.
-    pub const ALL: [Kind; 7] = [
-        Kind::Service,
-        Kind::EndpointSlice,
-        Kind::Endpoints,
-        Kind::Pod,
-        Kind::ReplicaSet,
-        Kind::Server,
-        Kind::ConfigMap,
-    ];
-
-    /// This kind's place in [`Kind::ALL`], for tables indexed by kind.
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// `kind` as the API names it.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Kind::Service => "Service",
-            Kind::EndpointSlice => "EndpointSlice",
-            Kind::Endpoints => "Endpoints",
-            Kind::Pod => "Pod",
-            Kind::ReplicaSet => "ReplicaSet",
-            Kind::Server => "Server",
-            Kind::ConfigMap => "ConfigMap",
-        }
-    }
-
-    /// `apiVersion` as the API names it.
-    pub const fn api_version(self) -> &'static str {
-        match self {
-            Kind::Service | Kind::Endpoints | Kind::Pod | Kind::ConfigMap => "v1",
-            Kind::EndpointSlice => "discovery.k8s.io/v1",
-            Kind::ReplicaSet => "apps/v1",
-            Kind::Server => "policy.linkerd.io/v1beta3",
-        }
-    }
-}
 
 /// A namespaced name. Cheap to clone: both parts are shared.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

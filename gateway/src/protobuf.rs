@@ -23,7 +23,7 @@ use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
-use crate::model::{Kind, Object};
+use crate::model::Object;
 
 pub mod convert;
 mod pod;
@@ -36,11 +36,6 @@ pub const WATCH_MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf;stream=w
 
 /// The four bytes every envelope starts with.
 pub const MAGIC: &[u8; 4] = b"k8s\0";
-
-/// True when objects of `kind` have a protobuf form.
-pub const fn has_protobuf(kind: Kind) -> bool {
-    !matches!(kind, Kind::Server)
-}
 
 /// The message of `object` (no envelope) with `resource_version` in its metadata, or `None`
 /// for a kind without a protobuf form.

@@ -161,19 +161,13 @@ impl UpstreamCounters {
 
     /// Objects applied or deleted of `kind` so far.
     pub fn events_of(&self, kind: Kind) -> u64 {
-        kind_index(kind).map_or(0, |i| self.events[i].load(Ordering::Relaxed))
+        self.events[kind.index()].load(Ordering::Relaxed)
     }
 
     /// How the watcher of `kind` lists.
     pub fn strategy_of(&self, kind: Kind) -> ListStrategy {
-        kind_index(kind).map_or(ListStrategy::Unknown, |i| {
-            ListStrategy::load(&self.list_strategy[i])
-        })
+        ListStrategy::load(&self.list_strategy[kind.index()])
     }
-}
-
-fn kind_index(kind: Kind) -> Option<usize> {
-    Kind::ALL.iter().position(|k| *k == kind)
 }
 
 /// The largest upstream object, as JSON, that Floodgate accepts. etcd refuses requests over
@@ -314,20 +308,14 @@ impl Remote {
 
     /// The kinds this remote's link follows.
     pub fn kinds(&self) -> Vec<Kind> {
-        let mut k = vec![
-            Kind::Service,
-            Kind::EndpointSlice,
-            Kind::Endpoints,
-            Kind::Pod,
-            Kind::ReplicaSet,
-        ];
-        if self.has_servers {
-            k.push(Kind::Server);
-        }
-        if self.has_config {
-            k.push(Kind::ConfigMap);
-        }
-        k
+        // Every kind named: a new kind says here whether this remote serves it.
+        let served = |k: &Kind| match k {
+            Kind::Service | Kind::EndpointSlice | Kind::Endpoints | Kind::Pod => true,
+            Kind::ReplicaSet => true,
+            Kind::Server => self.has_servers,
+            Kind::ConfigMap => self.has_config,
+        };
+        Kind::ALL.into_iter().filter(served).collect()
     }
 }
 

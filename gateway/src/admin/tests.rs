@@ -17,9 +17,9 @@ use tower::ServiceExt as _;
 use super::*;
 use crate::credentials::{TlsSource, TokenError, read_token};
 use crate::kubeapi::ApiStore;
-use crate::kubeapi::resource::{RESOURCES, ResourceDef};
 use crate::link::LinkHandle;
 use crate::link::{self, Connect};
+use crate::model::{KINDS, KindDef};
 use crate::model::{Kind, Object};
 use crate::server::health_router;
 use crate::serving::ServeConfig;
@@ -38,11 +38,8 @@ impl ApiStore for Remote {
         &self.view
     }
 
-    fn served(&self) -> Vec<&'static ResourceDef> {
-        RESOURCES
-            .iter()
-            .filter(|r| r.kind != Kind::Server)
-            .collect()
+    fn served(&self) -> Vec<&'static KindDef> {
+        KINDS.iter().filter(|r| r.kind != Kind::Server).collect()
     }
 }
 

@@ -143,7 +143,8 @@ fn groups_of(objects: &BTreeMap<ObjKey, Object>) -> BTreeMap<Group, Published> {
             Object::ConfigMap(_) => {
                 (out.entry(Group::LinkerdConfig).or_default().objects).insert(obj.key());
             }
-            _ => {}
+            // A service's own, gathered with it below.
+            Object::Service(_) | Object::Endpoints(_) | Object::Pod(_) | Object::ReplicaSet(_) => {}
         }
     }
     for (k, obj) in objects {

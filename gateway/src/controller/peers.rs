@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::churn::flood::Trigger;
 use crate::churn::restore::Saved;
-use crate::kubeapi::resource::RESOURCES;
+use crate::model::KINDS;
 use crate::model::Object;
 
 /// How long a new replica looks for a peer's view before it starts from its remote.
@@ -113,7 +113,7 @@ async fn view_of(
         .await?;
     let client = kube::Client::try_from(cfg)?;
     let mut objects = Vec::new();
-    for def in &RESOURCES {
+    for def in &KINDS {
         let path = if def.group.is_empty() {
             format!("/api/{}/{}", def.version, def.plural)
         } else {
@@ -122,15 +122,9 @@ async fn view_of(
         let req = axum::http::Request::get(&path).body(Vec::new())?;
         let text = match client.request_text(req).await {
             Ok(t) => t,
-            // A link whose remote serves no Linkerd Servers serves none either; a replica of
-            // an earlier release serves no ConfigMap.
-            Err(kube::Error::Api(s))
-                if s.code == 404
-                    && matches!(
-                        def.kind,
-                        crate::model::Kind::Server | crate::model::Kind::ConfigMap
-                    ) =>
-            {
+            // A kind the remote may lack (a link whose remote serves no Linkerd Servers
+            // serves none either), or that a replica of an earlier release did not serve.
+            Err(kube::Error::Api(s)) if s.code == 404 && def.optional => {
                 continue;
             }
             Err(e) => return Err(e).with_context(|| format!("listing {path}")),

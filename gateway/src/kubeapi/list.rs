@@ -16,8 +16,9 @@ use tower_http::compression::{CompressionLayer, CompressionLevel};
 
 use self::page::{ContinueToken, continue_expired, next_page, page};
 use super::query::{Query, RvMatch, parse_rv};
-use super::resource::{ResourceDef, table_cells, table_columns};
+use super::resource::{table_cells, table_columns};
 use super::status::{Reason, StatusError};
+use crate::model::KindDef;
 use crate::model::{Kind, NsName, ObjKey};
 use crate::protobuf;
 use crate::view::metadata::{self, partial_metadata};
@@ -92,7 +93,7 @@ pub fn negotiate(headers: &HeaderMap, kind: Kind) -> Result<Format, StatusError>
             (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io")) => {
                 Render::Metadata
             }
-            (None, _) if encoding == Encoding::Json || protobuf::has_protobuf(kind) => Render::Full,
+            (None, _) if encoding == Encoding::Json || kind.def().protobuf => Render::Full,
             // An `as=` or an encoding we do not serve for this kind: the client listed it
             // first but may accept another further on; keep looking.
             _ => continue,
@@ -104,7 +105,7 @@ pub fn negotiate(headers: &HeaderMap, kind: Kind) -> Result<Format, StatusError>
         format!(
             "{} is served as {}; Accept was {accept:?}",
             kind.name(),
-            if protobuf::has_protobuf(kind) {
+            if kind.def().protobuf {
                 "application/json or application/vnd.kubernetes.protobuf"
             } else {
                 "application/json (a custom resource: protobuf for its metadata only)"
@@ -132,7 +133,7 @@ pub fn selected(stored: &Stored, namespace: Option<&str>, q: &Query) -> bool {
 /// response. Pages come from the snapshot the first page saw ([`crate::view::pages`]).
 pub fn list(
     view: &View,
-    def: &ResourceDef,
+    def: &KindDef,
     namespace: Option<&str>,
     q: &Query,
     format: Format,
@@ -189,7 +190,7 @@ pub fn list(
 
 /// A protobuf list body of `items`, rendered as `render` asks.
 fn protobuf_list(
-    def: &ResourceDef,
+    def: &KindDef,
     render: Render,
     list_meta: &k8s_pb::apimachinery::pkg::apis::meta::v1::ListMeta,
     items: &[&Arc<Stored>],
@@ -203,7 +204,7 @@ fn protobuf_list(
         ),
         // Negotiation gives protobuf objects only for kinds that have a form.
         _ => protobuf::list(
-            &def.api_version(),
+            def.api_version,
             &def.list_kind(),
             list_meta,
             items
@@ -217,7 +218,7 @@ fn protobuf_list(
 /// A JSON list body of `items`, rendered as `render` asks: the objects' own JSON spliced in,
 /// their metadata, or a Table.
 fn json_list_body(
-    def: &ResourceDef,
+    def: &KindDef,
     render: Render,
     list_meta: &k8s_pb::apimachinery::pkg::apis::meta::v1::ListMeta,
     items: &[&Arc<Stored>],
@@ -232,7 +233,7 @@ fn json_list_body(
     Ok(match render {
         Render::Full => json_list(
             &def.list_kind(),
-            &def.api_version(),
+            def.api_version,
             &meta,
             items
                 .iter()
@@ -277,7 +278,7 @@ fn json_list<W: FnOnce(&mut Vec<u8>)>(
 /// Serves a GET of one object.
 pub fn get(
     view: &View,
-    def: &ResourceDef,
+    def: &KindDef,
     namespace: Option<&str>,
     name: &str,
     format: Format,
@@ -337,7 +338,7 @@ fn check_list_version(view: &View, q: &Query, current: u64) -> Result<(), Status
     }
 }
 
-fn table(def: &ResourceDef, items: &[&Arc<Stored>], meta: Value) -> Value {
+fn table(def: &KindDef, items: &[&Arc<Stored>], meta: Value) -> Value {
     let now = jiff::Timestamp::now();
     let rows: Vec<Value> = items
         .iter()

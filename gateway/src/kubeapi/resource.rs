@@ -1,120 +1,13 @@
-//! The resources the facade serves and the discovery documents that describe them (`/api`,
-//! `/apis`, each group-version's `APIResourceList`), plus the Table columns kubectl shows.
+//! The discovery documents that describe the resources the facade serves (`/api`, `/apis`,
+//! each group-version's `APIResourceList`), and the Table kubectl shows of each kind. What each
+//! resource is (its group, version, names and columns) is its kind's [`KindDef`].
 
 use serde_json::{Value, json};
 
-use crate::model::Kind;
-
-/// One served resource.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ResourceDef {
-    /// The object kind this resource holds.
-    pub kind: Kind,
-    /// API group; empty for the core group.
-    pub group: &'static str,
-    /// API version.
-    pub version: &'static str,
-    /// Plural resource name, as in URLs.
-    pub plural: &'static str,
-    /// Singular name.
-    pub singular: &'static str,
-    /// Short names kubectl accepts.
-    pub short_names: &'static [&'static str],
-}
-
-/// Every resource a link can serve (the Linkerd consumer profile).
-pub static RESOURCES: [ResourceDef; Kind::ALL.len()] = [
-    ResourceDef {
-        kind: Kind::Service,
-        group: "",
-        version: "v1",
-        plural: "services",
-        singular: "service",
-        short_names: &["svc"],
-    },
-    ResourceDef {
-        kind: Kind::Endpoints,
-        group: "",
-        version: "v1",
-        plural: "endpoints",
-        singular: "endpoints",
-        short_names: &["ep"],
-    },
-    ResourceDef {
-        kind: Kind::Pod,
-        group: "",
-        version: "v1",
-        plural: "pods",
-        singular: "pod",
-        short_names: &["po"],
-    },
-    ResourceDef {
-        kind: Kind::EndpointSlice,
-        group: "discovery.k8s.io",
-        version: "v1",
-        plural: "endpointslices",
-        singular: "endpointslice",
-        short_names: &[],
-    },
-    ResourceDef {
-        kind: Kind::ReplicaSet,
-        group: "apps",
-        version: "v1",
-        plural: "replicasets",
-        singular: "replicaset",
-        short_names: &["rs"],
-    },
-    ResourceDef {
-        kind: Kind::Server,
-        group: "policy.linkerd.io",
-        version: "v1beta3",
-        plural: "servers",
-        singular: "server",
-        short_names: &["srv"],
-    },
-    ResourceDef {
-        kind: Kind::ConfigMap,
-        group: "",
-        version: "v1",
-        plural: "configmaps",
-        singular: "configmap",
-        short_names: &["cm"],
-    },
-];
+use crate::model::{Kind, KindDef};
 
 /// The verbs a read-only resource supports.
 const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
-
-impl ResourceDef {
-    /// The definition of a kind.
-    pub fn of(kind: Kind) -> &'static ResourceDef {
-        RESOURCES
-            .iter()
-            .find(|r| r.kind == kind)
-            .unwrap_or(&RESOURCES[0])
-    }
-
-    /// Finds a resource by group, version and plural.
-    pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-        RESOURCES
-            .iter()
-            .find(|r| r.group == group && r.version == version && r.plural == plural)
-    }
-
-    /// `v1` or `group/version`.
-    pub fn api_version(&self) -> String {
-        if self.group.is_empty() {
-            self.version.to_owned()
-        } else {
-            format!("{}/{}", self.group, self.version)
-        }
-    }
-
-    /// The list kind: `ServiceList`.
-    pub fn list_kind(&self) -> String {
-        format!("{}List", self.kind.name())
-    }
-}
 
 /// `GET /version` when the upstream's is not known yet.
 pub fn default_version() -> Value {
@@ -135,7 +28,7 @@ pub fn api_versions() -> Value {
 }
 
 /// `GET /apis`: the groups of the served resources, plus authorization for access reviews.
-pub fn api_group_list(served: &[&'static ResourceDef]) -> Value {
+pub fn api_group_list(served: &[&'static KindDef]) -> Value {
     let mut groups: Vec<(&str, &str)> = served
         .iter()
         .filter(|r| !r.group.is_empty())
@@ -155,14 +48,14 @@ pub fn api_group_list(served: &[&'static ResourceDef]) -> Value {
 }
 
 /// `GET /api/v1` or `GET /apis/{group}/{version}`, or `None` when nothing is served there.
-pub fn resource_list(group: &str, version: &str, served: &[&'static ResourceDef]) -> Option<Value> {
+pub fn resource_list(group: &str, version: &str, served: &[&'static KindDef]) -> Option<Value> {
     let mut resources: Vec<Value> = served
         .iter()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             json!({
                 "name": r.plural, "singularName": r.singular, "namespaced": true,
-                "kind": r.kind.name(), "verbs": READ_VERBS, "shortNames": r.short_names,
+                "kind": r.name, "verbs": READ_VERBS, "shortNames": r.short_names,
             })
         })
         .collect();
@@ -188,32 +81,7 @@ pub fn resource_list(group: &str, version: &str, served: &[&'static ResourceDef]
 
 /// Table column definitions for a kind, as kubectl prints them.
 pub fn table_columns(kind: Kind) -> Vec<Value> {
-    let names: &[(&str, &str)] = match kind {
-        Kind::Service => &[
-            ("Name", "name"),
-            ("Type", "string"),
-            ("Cluster-IP", "string"),
-            ("Port(s)", "string"),
-            ("Age", "string"),
-        ],
-        Kind::EndpointSlice => &[
-            ("Name", "name"),
-            ("AddressType", "string"),
-            ("Ports", "string"),
-            ("Endpoints", "string"),
-            ("Age", "string"),
-        ],
-        Kind::Endpoints => &[("Name", "name"), ("Endpoints", "string"), ("Age", "string")],
-        Kind::Pod => &[
-            ("Name", "name"),
-            ("Ready", "string"),
-            ("Status", "string"),
-            ("Restarts", "integer"),
-            ("Age", "string"),
-        ],
-        Kind::ReplicaSet | Kind::Server => &[("Name", "name"), ("Age", "string")],
-        Kind::ConfigMap => &[("Name", "name"), ("Data", "integer"), ("Age", "string")],
-    };
+    let names = kind.def().columns;
     names
         .iter()
         .map(|(name, ty)| {

@@ -7,8 +7,8 @@ use k8s_pb::api::authorization::v1::SelfSubjectAccessReview;
 use prost::Message;
 use serde_json::{Value, json};
 
-use super::resource::ResourceDef;
 use super::status::{Reason, StatusError};
+use crate::model::KindDef;
 use crate::protobuf;
 
 /// What the review asks about.
@@ -61,7 +61,7 @@ pub fn parse(body: &[u8], content_type: &str) -> Result<Attributes, StatusError>
 }
 
 /// The answer: allowed for get/list/watch of a served resource, refused with a reason otherwise.
-pub fn answer(a: &Attributes, served: &[&'static ResourceDef]) -> Value {
+pub fn answer(a: &Attributes, served: &[&'static KindDef]) -> Value {
     let resource_served = served
         .iter()
         .any(|r| r.group == a.group && r.plural == a.resource);
@@ -132,11 +132,11 @@ pub fn client_go_body(verb: &str, group: &str, resource: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubeapi::resource::RESOURCES;
+    use crate::model::KINDS;
 
     #[test]
     fn protobuf_reviews_from_client_go_are_read() {
-        let served: Vec<_> = RESOURCES.iter().collect();
+        let served: Vec<_> = KINDS.iter().collect();
         let a = parse(
             &client_go_body("list", "", "pods"),
             "application/vnd.kubernetes.protobuf",
@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn json_reviews_and_refusals() {
-        let served: Vec<_> = RESOURCES.iter().collect();
+        let served: Vec<_> = KINDS.iter().collect();
         let body = br#"{"apiVersion":"authorization.k8s.io/v1","kind":"SelfSubjectAccessReview","spec":{"resourceAttributes":{"verb":"delete","resource":"pods"}}}"#;
         let a = parse(body, "application/json").expect("json");
         let ans = answer(&a, &served);

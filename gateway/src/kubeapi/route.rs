@@ -12,9 +12,10 @@ use serde_json::Value;
 
 use super::list::{self, json_response, negotiate};
 use super::query::Query;
-use super::resource::{self, ResourceDef};
+use super::resource;
 use super::status::{Reason, StatusError};
 use super::{Api, ApiStore, MAX_BODY, Simulation, Write, bump, review, watch};
+use crate::model::KindDef;
 
 pub(super) fn not_found_path() -> StatusError {
     StatusError::new(
@@ -35,7 +36,7 @@ enum Target<'a> {
     /// A follower replica's stream of the whole view ([`super::replica`]).
     Replica,
     Resource {
-        def: &'static ResourceDef,
+        def: &'static KindDef,
         namespace: Option<&'a str>,
         name: Option<&'a str>,
     },
@@ -70,7 +71,7 @@ fn route(path: &str) -> Target<'_> {
     if plural == "events" && matches!((group, version), ("", "v1") | ("events.k8s.io", "v1")) {
         return Target::Events;
     }
-    match ResourceDef::find(group, version, plural) {
+    match KindDef::find(group, version, plural) {
         Some(def) => Target::Resource {
             def,
             namespace,
@@ -305,7 +306,7 @@ fn parse_query<S: ApiStore>(store: &S, raw_query: &str) -> Result<Query, StatusE
 /// Opens a watch in one of the link's watch slots; with none free, 429 and a retry after 1 s.
 fn open_watch<S: ApiStore>(
     api: &Api<S>,
-    def: &'static ResourceDef,
+    def: &'static KindDef,
     namespace: Option<&str>,
     name: Option<&str>,
     q: Query,

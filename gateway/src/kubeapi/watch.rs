@@ -27,8 +27,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::list::{Encoding, Format, Render, selected};
 use super::query::{Query, parse_rv};
-use super::resource::ResourceDef;
 use super::status::StatusError;
+use crate::model::KindDef;
 use crate::protobuf;
 use crate::view::metadata;
 use crate::view::{Event, EventType, ResumeError, Scope, Stored, View, frame, stored_frame};
@@ -38,7 +38,7 @@ pub const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
 /// Everything one watcher needs; it lives as long as the stream.
 struct Watcher {
-    def: &'static ResourceDef,
+    def: &'static KindDef,
     namespace: Option<String>,
     query: Query,
     format: Format,
@@ -69,7 +69,7 @@ pub struct Held {
 /// version, which clients only understand in-stream (kube-rs relists on that alone).
 pub fn watch(
     view: &View,
-    def: &'static ResourceDef,
+    def: &'static KindDef,
     namespace: Option<&str>,
     name: Option<&str>,
     mut query: Query,
@@ -173,7 +173,7 @@ fn streaming_response(body: Body, encoding: Encoding) -> Response {
 impl Watcher {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        def: &'static ResourceDef,
+        def: &'static KindDef,
         namespace: Option<&str>,
         query: Query,
         format: Format,
@@ -319,7 +319,10 @@ impl Watcher {
 
     fn bookmark(&self, initial_events_end: bool) -> Bytes {
         let (kind, api_version) = match self.format.render {
-            Render::Full => (self.def.kind.name().to_owned(), self.def.api_version()),
+            Render::Full => (
+                self.def.kind.name().to_owned(),
+                self.def.api_version.to_owned(),
+            ),
             _ => (metadata::KIND.to_owned(), metadata::API_VERSION.to_owned()),
         };
         if self.format.encoding == Encoding::Protobuf {

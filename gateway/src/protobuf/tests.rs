@@ -278,7 +278,7 @@ fn a_list_is_its_items_concatenated() {
 fn servers_have_no_protobuf_form_and_bad_bodies_are_errors() {
     let server = Object::Server(Arc::new(crate::model::Server::default()));
     assert!(item(&server, 1).is_none());
-    assert!(!has_protobuf(Kind::Server) && has_protobuf(Kind::Pod));
+    assert!(!crate::model::Kind::Server.def().protobuf && crate::model::Kind::Pod.def().protobuf);
     assert!(matches!(open(b"{\"kind\":1}"), Err(DecodeError::NoMagic)));
     assert!(matches!(
         open(b"k8s\0\xff\xff"),

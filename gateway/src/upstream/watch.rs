@@ -28,7 +28,7 @@ use super::fault::{
 };
 use super::strategy::{ListStrategy, refuses_streaming};
 use super::wire::{self, Wire};
-use super::{Message, OPENING_KINDS, UpstreamCounters, WATCH_BACKOFF, kind_index, trim};
+use super::{Message, OPENING_KINDS, UpstreamCounters, WATCH_BACKOFF, trim};
 use crate::churn::Change;
 use crate::model::wanted::WantedPods;
 use crate::model::{Kind, NsName, ObjKey, Object, Server};
@@ -219,7 +219,6 @@ impl Watch<'_> {
     {
         let watcher = Watcher {
             kind,
-            index: kind_index(kind),
             base,
             make,
             admit,
@@ -255,8 +254,6 @@ type Watching<S> = Pin<Box<StreamBackoff<S, ResetTimerBackoff<ExponentialBackoff
 /// between events.
 struct Watcher<W, F> {
     kind: Kind,
-    /// The kind's place in the per-kind counters.
-    index: Option<usize>,
     /// The configuration its list strategy is applied to.
     base: watcher::Config,
     make: F,
@@ -298,8 +295,8 @@ where
                 }
             };
             let Some(change) = change else { continue };
-            if let (Change::Apply(_) | Change::Delete(_), Some(i)) = (&change, self.index) {
-                self.counters.events[i].fetch_add(1, Ordering::Relaxed);
+            if let Change::Apply(_) | Change::Delete(_) = &change {
+                self.counters.events[self.kind.index()].fetch_add(1, Ordering::Relaxed);
             }
             if tx.send(Message { generation, change }).await.is_err() {
                 return; // The link is gone.
@@ -310,9 +307,7 @@ where
     /// Lists with `s` from now on: counted, and logged.
     fn set_strategy(&mut self, s: ListStrategy) {
         self.strategy = s;
-        if let Some(i) = self.index {
-            s.store(&self.counters.list_strategy[i]);
-        }
+        s.store(&self.counters.list_strategy[self.kind.index()]);
         tracing::info!(
             kind = self.kind.name(),
             strategy = s.name(),

@@ -123,7 +123,7 @@ impl Stored {
 
     /// Its protobuf forms, encoded on the first call and kept; `None` for a kind without one.
     pub fn protobuf(&self) -> Option<&Forms> {
-        if !protobuf::has_protobuf(self.object.kind()) {
+        if !self.object.kind().def().protobuf {
             return None;
         }
         let forms = self.protobuf.get_or_init(|| {

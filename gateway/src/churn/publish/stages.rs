@@ -54,16 +54,19 @@ pub(super) enum Stage {
 /// view (only a Service's entry waits for its endpoints).
 pub(super) fn stage_of(change: &Change, entering: impl FnOnce(&ObjKey) -> bool) -> Stage {
     match change {
+        // Every kind named: a new kind takes its place in the order here.
         Change::Upsert(o) => match o.kind() {
-            // Looked up by nothing, and looks nothing up: it goes first.
+            // Looked up by what names them, or looks nothing up: it goes first.
             Kind::Pod | Kind::ReplicaSet | Kind::ConfigMap => Stage::Pods,
             Kind::Service if entering(&o.key()) => Stage::Service,
-            _ => Stage::Endpoints,
+            Kind::Service | Kind::EndpointSlice | Kind::Endpoints | Kind::Server => {
+                Stage::Endpoints
+            }
         },
         Change::Delete(k) => match k.kind {
             Kind::Service | Kind::ConfigMap => Stage::Pods,
             Kind::Pod | Kind::ReplicaSet => Stage::Service,
-            _ => Stage::Endpoints,
+            Kind::EndpointSlice | Kind::Endpoints | Kind::Server => Stage::Endpoints,
         },
     }
 }
