@@ -58,6 +58,10 @@ impl Publisher {
         owners: Vec<NsName>,
         store: &mut Store,
     ) {
+        if owners.is_empty() && !self.groups.contains_key(g) {
+            // Nothing followed, nothing to follow: no state for the group.
+            return;
+        }
         let st = self.groups.entry(g.clone()).or_default();
         if st.owners == owners {
             return;
