@@ -104,9 +104,7 @@ impl Engine {
                 // the pod watcher sent it for that. Each of its events, held or not, counts
                 // for that service as a skipped one would: a crash loop of held pods is
                 // churn all the same. Any other pod costs its decoding, nothing more.
-                let owners: Vec<NsName> = (pod.replicasets())
-                    .filter(|rs| self.publisher.owner_wanted(rs))
-                    .collect();
+                let owners = self.publisher.followed_owners(pod);
                 if !listing {
                     for rs in &owners {
                         self.skipped(rs, 1, now);
@@ -134,10 +132,7 @@ impl Engine {
         let Some(pod) = self.store.pod(id) else {
             return;
         };
-        let owners: Vec<NsName> = (pod.replicasets())
-            .filter(|rs| self.publisher.owner_wanted(rs))
-            .collect();
-        for rs in &owners {
+        for rs in &self.publisher.followed_owners(pod) {
             self.skipped(rs, 1, now);
         }
     }

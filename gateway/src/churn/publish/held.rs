@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use super::Publisher;
 use crate::churn::store::Store;
 use crate::model::wanted::{PodHash, PodSet};
-use crate::model::{Group, Kind, NsName};
+use crate::model::{Group, Kind, NsName, PodObject};
 
 impl Publisher {
     /// Whether a new pod of ReplicaSet `rs` is held as it comes, before any endpoint names
@@ -47,6 +47,14 @@ impl Publisher {
             }
         }
         st.pods = pods;
+    }
+
+    /// The ReplicaSets of `pod` whose new pods are held ahead ([`Self::owner_wanted`]): the
+    /// services they serve count its events.
+    pub fn followed_owners(&self, pod: &PodObject) -> Vec<NsName> {
+        (pod.replicasets())
+            .filter(|rs| self.owner_wanted(rs))
+            .collect()
     }
 
     /// The group's [`Published::owners`] become `owners`: a ReplicaSet no group wants any
@@ -110,9 +118,7 @@ impl Publisher {
     pub(in crate::churn) fn drop_unwanted_pods(&self, store: &mut Store) {
         let stale: Vec<NsName> = (store.keys(Kind::Pod).into_iter())
             .filter(|id| !self.wanted.contains(id))
-            .filter(|id| {
-                !(store.pod(id)).is_some_and(|p| p.replicasets().any(|rs| self.owner_wanted(&rs)))
-            })
+            .filter(|id| (store.pod(id)).is_none_or(|p| self.followed_owners(p).is_empty()))
             .collect();
         for id in stale {
             store.drop_pod(&id);
