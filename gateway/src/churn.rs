@@ -67,7 +67,7 @@ use crate::view::View;
 /// What the engine counts itself (the rest comes from its parts).
 #[derive(Clone, Copy, Debug, Default)]
 struct Ingested {
-    /// Skipped pod events counted against a service's rate ([`Engine::skipped`]).
+    /// Skipped pod events counted against a service's rate ([`Change::Skipped`]).
     skipped: u64,
     upstream: u64,
     relevant: u64,

@@ -66,8 +66,8 @@ use self::health::Health;
 use self::strategy::ListStrategy;
 use self::watch::{Gate, Watch};
 use crate::churn::Change;
+use crate::model::Kind;
 use crate::model::wanted::WantedPods;
-use crate::model::{Kind, NsName};
 
 /// One message from upstream.
 #[derive(Debug)]
@@ -76,6 +76,28 @@ pub struct Message {
     pub generation: u64,
     /// What happened.
     pub change: Change,
+    /// When the watcher read it off the remote's stream: the engine measures the remote's
+    /// event rates by it, not by when it got to the message (a busy engine takes a second's
+    /// events late, and a detector on its own clock saw a steady flood as gaps and bursts).
+    pub at: tokio::time::Instant,
+}
+
+impl Message {
+    /// Sends `change` of upstream run `generation`, read `at`, into `tx`; false when the link
+    /// is gone.
+    async fn send(
+        tx: &mpsc::Sender<Message>,
+        generation: u64,
+        change: Change,
+        at: tokio::time::Instant,
+    ) -> bool {
+        let msg = Message {
+            generation,
+            change,
+            at,
+        };
+        tx.send(msg).await.is_ok()
+    }
 }
 
 /// Counters of one link's upstream, shared with metrics and status.
@@ -103,10 +125,6 @@ pub struct UpstreamCounters {
     pub health: Health,
     /// Pod events not decoded because no one wants the pod ([`wanted`]).
     pub pods_skipped: AtomicU64,
-    /// Of those, the watch events (not a list's) of pods a ReplicaSet controls, by ReplicaSet,
-    /// until the link's task takes them ([`Self::take_skipped`]): still churn of the services
-    /// that serve that ReplicaSet's pods.
-    pub skipped_by_owner: std::sync::Mutex<std::collections::HashMap<NsName, u64>>,
     /// Resource watchers running against the remote now (one per resource while this process
     /// reads the remote; none while it follows a Lease holder, is quarantined or stopped).
     pub watchers: AtomicU64,
@@ -121,38 +139,12 @@ pub struct UpstreamCounters {
     pub touched: tokio::sync::Notify,
 }
 
-/// ReplicaSets whose skipped pod events are counted between two takes: a remote with more
-/// churning ReplicaSets in one second than this is counted for the first ones only (a map
-/// entry is about 60 bytes).
+/// ReplicaSets whose skipped pod events a pod watcher counts between two sends of them
+/// ([`Change::Skipped`]): a remote with more churning ReplicaSets in [`watch::SKIPPED_SEND`]
+/// than this is counted for the first ones only (a map entry is about 60 bytes).
 pub const SKIPPED_OWNERS_MAX: usize = 4096;
 
 impl UpstreamCounters {
-    /// A watch event of a pod nobody wants, controlled by ReplicaSet `owner`.
-    pub fn skipped(&self, owner: NsName) {
-        let mut by = self
-            .skipped_by_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let full = by.len() >= SKIPPED_OWNERS_MAX;
-        match by.get_mut(&owner) {
-            Some(n) => *n += 1,
-            None if !full => {
-                by.insert(owner, 1);
-            }
-            None => {}
-        }
-    }
-
-    /// The skipped pod events counted since the last take, by ReplicaSet.
-    pub fn take_skipped(&self) -> std::collections::HashMap<NsName, u64> {
-        std::mem::take(
-            &mut *self
-                .skipped_by_owner
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        )
-    }
-
     /// Says that something was counted (or is about to be): the link publishes its state
     /// again within [`crate::link`]'s state refresh (a second).
     pub fn touch(&self) {

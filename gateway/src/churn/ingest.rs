@@ -13,7 +13,10 @@ use crate::model::{Group, Kind, NsName, ObjKey, Object};
 impl Engine {
     /// Takes one upstream change.
     pub fn ingest(&mut self, change: Change, now: Instant) {
-        self.ingested.upstream += 1;
+        if !matches!(change, Change::Skipped { .. }) {
+            // Skipped pod events have a counter of their own (`skipped_events`).
+            self.ingested.upstream += 1;
+        }
         if matches!(self.machine.state(), State::Quarantined(_)) {
             // Upstream is being stopped: what is still in flight is dropped with the cache.
             return;
@@ -25,6 +28,7 @@ impl Engine {
             Change::InitDone(kind) => self.listed(kind, now),
             Change::Fetched(obj) => self.fetched(obj, now),
             Change::Apply(obj) => self.applied(obj, now),
+            Change::Skipped { replicaset, events } => self.skipped(&replicaset, events, now),
             Change::Delete(key) => {
                 if key.kind == Kind::Pod {
                     self.publisher.seen(&key.id);
@@ -216,7 +220,7 @@ impl Engine {
     /// ReplicaSet (a crash loop's pods beyond the cap are the flood itself). Counted against
     /// those services' own rates (not the link's): a flood under `endpointsPerService` is
     /// contained by its event rate even when most of its events reach no consumer.
-    pub fn skipped(&mut self, rs: &NsName, n: u64, now: Instant) {
+    fn skipped(&mut self, rs: &NsName, n: u64, now: Instant) {
         if self.machine.is_frozen() || n == 0 {
             return;
         }

@@ -21,6 +21,15 @@ pub enum Change {
     /// One pod's answer to a [`Fetch`] the engine asked for ([`Effect::FetchPods`]): state,
     /// not churn. Ignored when a watch event for the pod came first (that one is newer).
     Fetched(Fetched),
+    /// `events` watch events of pods the pod watcher did not decode (no published endpoint
+    /// names them) whose controller is ReplicaSet `replicaset`: churn of the services that
+    /// serve its pods all the same, counted against their rates, never held.
+    Skipped {
+        /// The pods' ReplicaSet.
+        replicaset: NsName,
+        /// How many events.
+        events: u64,
+    },
 }
 
 /// Pods to fetch ([`Effect::FetchPods`]); each answer carries the ticket.
@@ -101,6 +110,6 @@ pub struct Counters {
     /// Pods asked for with [`Effect::FetchPods`].
     pub pods_fetched: u64,
     /// Watch events of pods the pod watcher skipped, counted against the rates of the
-    /// services that serve their ReplicaSet's pods ([`super::Engine::skipped`]).
+    /// services that serve their ReplicaSet's pods ([`Change::Skipped`]).
     pub skipped_events: u64,
 }

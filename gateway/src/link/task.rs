@@ -194,9 +194,6 @@ impl<W: Wire> LinkTask<W> {
             Happened::Rearmed => self.timers.rearm(),
         }
         let now = Instant::now();
-        for (rs, n) in self.counters.take_skipped() {
-            self.engine.skipped(&rs, n, now);
-        }
         self.timers.next_wake = self.engine.poll(now);
         self.log_first_sync(now);
         for effect in self.engine.take_effects() {
@@ -319,19 +316,18 @@ impl<W: Wire> LinkTask<W> {
     /// Takes in `first` and the changes queued behind it, up to a batch; those of an earlier
     /// upstream run are dropped.
     fn changed(&mut self, first: Message) {
-        let now = Instant::now();
-        self.take(first, now);
+        self.take(first);
         for _ in 0..BATCH {
             match self.inputs.rx.try_recv() {
-                Ok(m) => self.take(m, now),
+                Ok(m) => self.take(m),
                 Err(_) => break,
             }
         }
     }
 
-    /// Ingests one upstream change; a first list's end, once taken in, may open the pod
-    /// watcher.
-    fn take(&mut self, msg: Message, now: Instant) {
+    /// Ingests one upstream change, as of when it was read ([`Message::at`]); a first list's
+    /// end, once taken in, may open the pod watcher.
+    fn take(&mut self, msg: Message) {
         if msg.generation != self.source.generation {
             return;
         }
@@ -339,7 +335,7 @@ impl<W: Wire> LinkTask<W> {
             Change::InitDone(kind) => Some(*kind),
             _ => None,
         };
-        self.engine.ingest(msg.change, now);
+        self.engine.ingest(msg.change, msg.at);
         if let (
             Some(kind),
             Mode::Reading {

@@ -78,7 +78,7 @@ pub async fn fetch_pods(
             pod,
             answer,
         });
-        if tx.send(Message { generation, change }).await.is_err() {
+        if !Message::send(&tx, generation, change, tokio::time::Instant::now()).await {
             return;
         }
     }

@@ -1,27 +1,49 @@
-//! Fetching pods one by one, against the facade serving a view over loopback.
+//! Fetching pods one by one, and the pod watcher's skipped events, against the facade serving a
+//! view over loopback.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::watch::{Gate, Watch};
 use super::{MAX_OBJECT_BYTES, Message, UpstreamCounters, fetch_pods};
 use crate::churn::{Answer, Change, Fetch};
 use crate::kubeapi;
+use crate::model::wanted::{PodHash, WantedPods};
 use crate::model::{Kind, NsName, Object};
 use crate::view::{self, View};
 
 fn pod(name: &str, note: &str) -> Object {
+    pod_of(name, note, None)
+}
+
+/// A pod owned by ReplicaSet `prod/web-rs`, with `note` to tell its versions apart.
+fn owned_pod(name: &str, note: &str) -> Object {
+    let owner = OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "ReplicaSet".into(),
+        name: "web-rs".into(),
+        uid: "u1".into(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    };
+    pod_of(name, note, Some(owner))
+}
+
+fn pod_of(name: &str, note: &str, owner: Option<OwnerReference>) -> Object {
     Object::Pod(Arc::new(
         Pod {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("prod".into()),
                 annotations: Some([("note".to_owned(), note.to_owned())].into()),
+                owner_references: owner.map(|o| vec![o]),
                 ..ObjectMeta::default()
             },
             ..Pod::default()
@@ -72,7 +94,10 @@ async fn fetched_pods_are_admitted_as_watched_ones() {
     };
     fetch_pods(client, fetch, 7, tx, counters.clone()).await;
     let mut answers = BTreeMap::new();
-    while let Some(Message { generation, change }) = rx.recv().await {
+    while let Some(Message {
+        generation, change, ..
+    }) = rx.recv().await
+    {
         assert_eq!(generation, 7);
         let Change::Fetched(f) = change else {
             panic!("only answers: {change:?}");
@@ -215,4 +240,92 @@ fn the_pod_watcher_opens_once_the_opening_kinds_are_listed() {
         "the gate's three permits"
     );
     assert!(!opened(Kind::Endpoints), "open already");
+}
+
+/// The next message that is not a list's marker.
+async fn next_change(rx: &mut mpsc::Receiver<Message>) -> Message {
+    loop {
+        let m = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a message within 10 s")
+            .expect("the watcher runs");
+        if !matches!(m.change, Change::InitStart(_) | Change::InitDone(_)) {
+            return m;
+        }
+    }
+}
+
+/// The pod watcher counts the watch events of pods it skips by ReplicaSet and sends the counts
+/// in the queue, in the order it read them: before a later change, or on their own within
+/// `SKIPPED_SEND`; each as of its first event. A list's skipped pods are state, not counted.
+#[tokio::test]
+async fn skipped_pod_events_are_sent_in_order_as_of_when_they_were_read() {
+    let view = View::new(1, 100);
+    view.apply(
+        [
+            view::Change::Upsert(owned_pod("skipped", "0")),
+            view::Change::Upsert(owned_pod("kept", "0")),
+        ],
+        Instant::now(),
+    );
+    let client = remote(view.clone()).await;
+    let counters = Arc::new(UpstreamCounters::default());
+    let (tx, mut rx) = mpsc::channel(64);
+    let wanted = WantedPods::default();
+    wanted.insert(PodHash::of("prod", "kept"));
+    let mut tasks = tokio::task::JoinSet::new();
+    let w = Watch {
+        client: &client,
+        generation: 1,
+        tx: &tx,
+        counters: &counters,
+    };
+    w.pods(&mut tasks, watcher::Config::default(), Gate::Open, wanted);
+    let listed = next_change(&mut rx).await;
+    assert!(
+        matches!(&listed.change, Change::Apply(o) if &*o.key().id.name == "kept"),
+        "the list brings the kept pod only: {listed:?}"
+    );
+    // Three events of the skipped pod, then one of the kept pod.
+    let before = Instant::now();
+    for note in ["1", "2", "3"] {
+        view.apply(
+            [view::Change::Upsert(owned_pod("skipped", note))],
+            Instant::now(),
+        );
+    }
+    view.apply(
+        [view::Change::Upsert(owned_pod("kept", "1"))],
+        Instant::now(),
+    );
+    let first = next_change(&mut rx).await;
+    let Change::Skipped { replicaset, events } = &first.change else {
+        panic!("the skipped events come first: {first:?}");
+    };
+    assert_eq!(replicaset, &NsName::new("prod", "web-rs"));
+    assert_eq!(*events, 3);
+    let kept = next_change(&mut rx).await;
+    assert!(
+        matches!(&kept.change, Change::Apply(o) if &*o.key().id.name == "kept"),
+        "{kept:?}"
+    );
+    assert!(
+        before <= first.at && first.at <= kept.at,
+        "as of when they were read"
+    );
+    // One more, and nothing after it: sent on its own.
+    view.apply(
+        [view::Change::Upsert(owned_pod("skipped", "4"))],
+        Instant::now(),
+    );
+    let alone = next_change(&mut rx).await;
+    assert!(
+        matches!(alone.change, Change::Skipped { events: 1, .. }),
+        "{alone:?}"
+    );
+    assert_eq!(
+        counters.pods_skipped.load(Ordering::Relaxed),
+        5,
+        "the list's too"
+    );
 }

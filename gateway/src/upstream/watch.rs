@@ -4,6 +4,7 @@
 //! remote refuses streaming ones, force a relist where kube-rs cannot recover
 //! ([`needs_relist`]), or are left to kube-rs's backoff.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,6 +21,7 @@ use kube::runtime::watcher::{self, Event, ExponentialBackoff, ListSemantic};
 use kube::{Api, Client};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
 
 use super::admit::{Refused, refuse, typed, wired};
 use super::fault::{
@@ -28,7 +30,7 @@ use super::fault::{
 };
 use super::strategy::{ListStrategy, refuses_streaming};
 use super::wire::{self, Wire};
-use super::{Message, OPENING_KINDS, UpstreamCounters, WATCH_BACKOFF, trim};
+use super::{Message, OPENING_KINDS, SKIPPED_OWNERS_MAX, UpstreamCounters, WATCH_BACKOFF, trim};
 use crate::churn::Change;
 use crate::model::wanted::WantedPods;
 use crate::model::{Kind, NsName, ObjKey, Object, Server};
@@ -227,6 +229,7 @@ impl Watch<'_> {
             strategy: ListStrategy::Streaming,
             listed_once: false,
             relist_in: FORCED_RELIST_BACKOFF.0,
+            skipped: SkippedEvents::default(),
         };
         let running = Running::start(self.counters.clone());
         let run = watcher.run(gate, self.generation, self.tx.clone());
@@ -266,6 +269,47 @@ struct Watcher<W, F> {
     listed_once: bool,
     /// The wait before the next relist Floodgate forces ([`FORCED_RELIST_BACKOFF`]).
     relist_in: Duration,
+    /// Pods only: watch events of skipped pods not sent on yet.
+    skipped: SkippedEvents,
+}
+
+/// How long a pod watcher gathers the watch events of pods it skips before it sends their
+/// counts on ([`Change::Skipped`], one a ReplicaSet): well within the flood detector's
+/// one-second buckets, and a flood's thousands of skipped events a second cost the upstream
+/// queue a few messages.
+pub(super) const SKIPPED_SEND: Duration = Duration::from_millis(100);
+
+/// Watch events of skipped pods by ReplicaSet, since the first of them.
+#[derive(Debug, Default)]
+struct SkippedEvents {
+    by_owner: HashMap<NsName, u64>,
+    since: Option<Instant>,
+}
+
+impl SkippedEvents {
+    /// One event of a skipped pod of ReplicaSet `owner`, read `at`.
+    fn count(&mut self, owner: NsName, at: Instant) {
+        let full = self.by_owner.len() >= SKIPPED_OWNERS_MAX;
+        match self.by_owner.get_mut(&owner) {
+            Some(n) => *n += 1,
+            None if !full => {
+                self.by_owner.insert(owner, 1);
+            }
+            None => {}
+        }
+        self.since.get_or_insert(at);
+    }
+
+    /// When the counts are due to be sent, if there are any.
+    fn due(&self) -> Option<Instant> {
+        self.since.map(|s| s + SKIPPED_SEND)
+    }
+
+    /// The counts and when the first of them was read; none are left.
+    fn take(&mut self) -> Option<(Instant, HashMap<NsName, u64>)> {
+        let since = self.since.take()?;
+        Some((since, std::mem::take(&mut self.by_owner)))
+    }
 }
 
 impl<W, F> Watcher<W, F>
@@ -282,11 +326,23 @@ where
         gate.wait().await;
         self.set_strategy(self.strategy);
         let mut stream = self.open();
-        while let Some(item) = stream.next().await {
+        loop {
+            let skipped_due = self.skipped.due();
+            let item = tokio::select! {
+                item = stream.next() => item,
+                () = sleep_until(skipped_due.unwrap_or_else(Instant::now)), if skipped_due.is_some() => {
+                    if !self.send_skipped(generation, &tx).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(item) = item else { return };
+            let at = Instant::now();
             // Whatever the item, it is counted: the link publishes its state again.
             self.counters.touch();
             let change = match item {
-                Ok(event) => self.change(event),
+                Ok(event) => self.change(event, at),
                 Err(e) => {
                     if let Some(restarted) = self.recover(e).await {
                         stream = restarted;
@@ -298,10 +354,28 @@ where
             if let Change::Apply(_) | Change::Delete(_) = &change {
                 self.counters.events[self.kind.index()].fetch_add(1, Ordering::Relaxed);
             }
-            if tx.send(Message { generation, change }).await.is_err() {
+            // The skipped events read before this change go first, as they came.
+            if !self.send_skipped(generation, &tx).await
+                || !Message::send(&tx, generation, change, at).await
+            {
                 return; // The link is gone.
             }
         }
+    }
+
+    /// Sends the skipped pod events counted so far, as of the first of them; false when the
+    /// link is gone.
+    async fn send_skipped(&mut self, generation: u64, tx: &mpsc::Sender<Message>) -> bool {
+        let Some((at, counts)) = self.skipped.take() else {
+            return true;
+        };
+        for (replicaset, events) in counts {
+            let change = Change::Skipped { replicaset, events };
+            if !Message::send(tx, generation, change, at).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// Lists with `s` from now on: counted, and logged.
@@ -332,7 +406,7 @@ where
 
     /// The change an event makes for the engine: none for a pod no one wants or an object
     /// refused (logged and counted).
-    fn change(&mut self, event: Event<W>) -> Option<Change> {
+    fn change(&mut self, event: Event<W>, at: Instant) -> Option<Change> {
         let kind = self.kind;
         let live = matches!(event, Event::Apply(_));
         match event {
@@ -350,7 +424,7 @@ where
                         self.counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
                         // A list is state, a watch event churn: counted for its service.
                         if live && let Some(owner) = owner_of(&w) {
-                            self.counters.skipped(NsName::new(ns, owner));
+                            self.skipped.count(NsName::new(ns, owner), at);
                         }
                         return None;
                     }

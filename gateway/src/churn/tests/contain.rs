@@ -460,14 +460,14 @@ async fn a_flood_whose_events_are_skipped_is_contained_all_the_same() {
     assert!(e.contained().is_empty());
     let rs = svc("hot-rs");
     let start = Instant::now();
-    // 60 skipped events a second (the threshold is 50), reported as the link reports them.
+    // 60 skipped events a second (the threshold is 50), sent as the pod watcher sends them.
     while e.contained().is_empty() {
         assert!(
             Instant::now() - start < Duration::from_secs(10),
             "not contained: {:?}",
             e.counters()
         );
-        e.skipped(&rs, 6, Instant::now());
+        e.ingest(skipped(&rs, 6), Instant::now());
         time::advance(Duration::from_millis(100)).await;
         e.poll(Instant::now());
     }
@@ -480,6 +480,13 @@ async fn a_flood_whose_events_are_skipped_is_contained_all_the_same() {
     );
     assert!(e.counters().skipped_events >= 150, "{:?}", e.counters());
     // An unknown ReplicaSet's skipped pods are nobody's churn.
-    e.skipped(&svc("other-rs"), 1000, Instant::now());
+    e.ingest(skipped(&svc("other-rs"), 1000), Instant::now());
     assert_eq!(e.contained().len(), 1);
+}
+
+fn skipped(rs: &NsName, events: u64) -> Change {
+    Change::Skipped {
+        replicaset: rs.clone(),
+        events,
+    }
 }

@@ -50,7 +50,11 @@ impl Run {
     }
 
     async fn send_as(&self, generation: u64, change: Change) {
-        let msg = Message { generation, change };
+        let msg = Message {
+            generation,
+            change,
+            at: Instant::now(),
+        };
         self.tx.send(msg).await.expect("the task takes changes");
     }
 
