@@ -141,14 +141,20 @@ impl Trigger {
     }
 }
 
-/// A sustained-rate detector: events in one-second buckets, a run of buckets over a threshold.
+/// Seconds a run is judged on once it has begun: one under the threshold goes on with it while
+/// these last seconds average over the threshold.
+const WINDOW: usize = 3;
+
+/// A sustained-rate detector: events in one-second buckets, a run of buckets over a threshold
+/// (a bucket under it goes on with the run while the last [`WINDOW`] average over it).
 #[derive(Clone, Debug)]
 pub struct Rate {
     threshold: u64,
     sustained_for: Duration,
     bucket_start: Option<Instant>,
     in_bucket: u64,
-    last_bucket: u64,
+    /// The last complete buckets, the newest first.
+    previous: [u64; WINDOW - 1],
     run_since: Option<Instant>,
 }
 
@@ -169,14 +175,14 @@ impl Rate {
             sustained_for,
             bucket_start: None,
             in_bucket: 0,
-            last_bucket: 0,
+            previous: [0; WINDOW - 1],
             run_since: None,
         }
     }
 
     /// Events in the last complete second.
     pub fn last_second(&self) -> u64 {
-        self.last_bucket
+        self.previous[0]
     }
 
     /// True while the open bucket is over the threshold: this source floods right now.
@@ -211,7 +217,7 @@ impl Rate {
     /// the last one did, or a run is on. An idle detector asks for no wake-up (the next event
     /// closes the buckets it skipped, to the same state), so an idle link sleeps.
     pub fn next_boundary(&self) -> Option<Instant> {
-        let idle = self.in_bucket == 0 && self.last_bucket == 0 && self.run_since.is_none();
+        let idle = self.in_bucket == 0 && self.previous[0] == 0 && self.run_since.is_none();
         self.bucket_start.filter(|_| !idle).map(|s| s + BUCKET)
     }
 
@@ -223,8 +229,22 @@ impl Rate {
         if now < start + BUCKET {
             return;
         }
-        self.last_bucket = self.in_bucket;
-        if self.in_bucket > self.threshold {
+        let closed = self.in_bucket;
+        let window = self
+            .previous
+            .iter()
+            .fold(closed, |sum, n| sum.saturating_add(*n));
+        // A second under the threshold goes on with a run while the last WINDOW seconds
+        // average over it: a remote's watch delivers events in lumps (its watch cache, the
+        // connection, a busy reader), and a steady flood near its threshold counted second by
+        // second crossed it down and up again (real server, 2026-12-07: 123, 80, 122, 64, 41,
+        // 118 for a flood of about 97 a second). A second without an event breaks it.
+        let goes_on = self.run_since.is_some()
+            && closed > 0
+            && window > self.threshold.saturating_mul(WINDOW as u64);
+        self.previous.rotate_right(1);
+        self.previous[0] = closed;
+        if closed > self.threshold || goes_on {
             self.run_since.get_or_insert(start);
         } else {
             self.run_since = None;
@@ -233,7 +253,7 @@ impl Rate {
         let whole = u32::try_from(now.duration_since(start).as_secs()).unwrap_or(u32::MAX);
         if whole >= 2 {
             // At least one empty bucket passed: the run is broken.
-            self.last_bucket = 0;
+            self.previous = [0; WINDOW - 1];
             self.run_since = None;
         }
         self.bucket_start = Some(start + BUCKET * whole);
@@ -250,7 +270,7 @@ impl Rate {
             (None, false) => return None,
         };
         (lasted >= self.sustained_for).then(|| Over {
-            rate: self.last_bucket.max(self.in_bucket),
+            rate: self.previous[0].max(self.in_bucket),
             lasted,
         })
     }
@@ -388,6 +408,35 @@ mod tests {
         let later = start + Duration::from_secs(20);
         assert_eq!(r.tick(later), None);
         assert!(r.record(later).is_none());
+    }
+
+    /// A steady flood whose events come in lumps, its seconds straddling the threshold (its
+    /// seconds 120, 80, 50 against 75) is one run; seconds that average under it, or one
+    /// without an event, break it.
+    #[tokio::test(start_paused = true)]
+    async fn a_lumpy_flood_is_one_run_and_quiet_seconds_break_it() {
+        let sustained = Duration::from_secs(6);
+        let run = |seconds: &[u64]| {
+            let mut r = Rate::new(75, sustained);
+            let start = Instant::now();
+            let (mut flooded, mut end) = (None, start);
+            for (i, &n) in (0u32..).zip(seconds) {
+                let at = start + BUCKET * i;
+                flooded = flooded.or(r.record_n(at, n).map(|o| (at - start, o)));
+                end = at + BUCKET;
+            }
+            flooded.or(r.tick(end).map(|o| (sustained, o)))
+        };
+        let lumpy = [120, 80, 50, 120, 80, 50, 120, 80, 50];
+        let (at, over) = run(&lumpy).expect("one run");
+        assert!(at >= sustained, "not before sustainedFor: {at:?}");
+        assert_eq!(over.rate, 120);
+        let under = [120, 80, 50, 40, 120, 80, 50, 120];
+        assert_eq!(run(&under), None, "three seconds under 75 on average");
+        let empty = [120, 80, 120, 0, 120, 80, 50, 120];
+        assert_eq!(run(&empty), None, "a second without an event");
+        let thin = [120, 30, 30, 120, 30, 30, 120, 30, 30];
+        assert_eq!(run(&thin), None, "60 a second");
     }
 
     /// The detector asks to be woken while closing a bucket changes what it says (the bucket
