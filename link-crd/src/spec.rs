@@ -288,9 +288,12 @@ pub struct QuarantineWhen {
     #[serde(default = "default_events_per_second")]
     #[schemars(range(min = 1))]
     pub events_per_second: u32,
-    /// How long an event rate must be exceeded without a break, counted in one-second buckets;
-    /// once a run has begun, a second under the threshold goes on with it while the last three
-    /// seconds average over the threshold (watch events come in lumps). Default: `10s`.
+    /// How long an event rate must be exceeded without a break. Rates are counted in one-second
+    /// buckets, each event in the second Floodgate read it from the remote; once a run has
+    /// begun, a second under the threshold goes on with it while the last three seconds average
+    /// over the threshold (a remote delivers watch events in lumps, and a steady flood near its
+    /// threshold straddles it second by second); a second without an event breaks it. Default:
+    /// `10s`.
     #[serde(default = "default_sustained_for")]
     pub sustained_for: KubeDuration,
     /// Upstream endpoints of one selected service (before the cap): the service is contained.
