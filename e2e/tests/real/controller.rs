@@ -162,14 +162,16 @@ async fn cluster_mode_under_real_rbac_with_the_shipped_role() {
 }
 
 /// The same installed with the Helm chart: the release's objects accepted by the real server,
-/// and a replica under the chart's ServiceAccount and Role serving link `east`.
+/// and the chart's two replicas under its ServiceAccount and Role, both ready, one holding link
+/// `east` and the other following it, each serving it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real API server: make test-real"]
 async fn cluster_mode_under_real_rbac_installed_with_the_helm_chart() {
     let kube = RealKube::start().await.expect("the real API server");
     let account = helm_cluster(&kube).await;
-    let fg = replica(&kube, &account, "floodgate-0", |l| l).await;
-    serves_under_rbac(&kube, fg).await;
+    let ([first, _second], holder) = super::replicas::two_replicas_as(&kube, &account).await;
+    println!("helm chart: both replicas ready and serving link east, {holder} holding it");
+    serves_under_rbac(&kube, first).await;
     let status = real::helm_run(
         kube.kubeconfig_path(),
         &["status", "floodgate", "-n", cluster::NS],

@@ -2,6 +2,7 @@
 //! the Lease holder whichever way they are sent, and the other replica takes over when the
 //! holder is SIGKILLed, serving throughout.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -74,18 +75,25 @@ async fn phase_everywhere(kube: &RealKube, on: &[&Floodgate], phase: &str) {
     .await;
 }
 
-/// The two replicas, both ready and serving the calm services, and the holder's identity.
+/// The two replicas of the shipped manifests, both ready and serving the calm services, and
+/// the holder's identity.
 pub(super) async fn two_replicas(kube: &RealKube) -> ([Floodgate; 2], String) {
     let account = shipped_cluster(kube, str::to_owned).await;
+    two_replicas_as(kube, &account).await
+}
+
+/// Two replicas as the ServiceAccount of `account` (a kubeconfig file), both ready and serving
+/// the calm services, one upstream watch between them; and the holder's identity.
+pub(super) async fn two_replicas_as(kube: &RealKube, account: &Path) -> ([Floodgate; 2], String) {
     let before = upstream_watches(kube, "endpointslices").await;
     // As the manifests run them: each says where its facade is, and follows the holder of a
     // link it does not hold.
-    let mut first = replica(kube, &account, "floodgate-0", |l| l.first_of_peers()).await;
+    let mut first = replica(kube, account, "floodgate-0", |l| l.first_of_peers()).await;
     first
         .wait_ready(60)
         .await
         .expect("the first replica is ready");
-    let mut second = replica(kube, &account, "floodgate-1", |l| l.beside(&first)).await;
+    let mut second = replica(kube, account, "floodgate-1", |l| l.beside(&first)).await;
     second
         .wait_ready(60)
         .await
