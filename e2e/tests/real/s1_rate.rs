@@ -122,10 +122,12 @@ async fn s1_under_the_endpoint_threshold_is_contained_by_its_event_rate() {
         t1.events_total() - t0.events_total(),
     );
     println!(
-        "S1 under the endpoint threshold ({pods} pods, {writes} writes/s asked, serviceEventsPerSecond {threshold}, {CHURN_SECS} s): contained {:.1} s after the churn began; events {t} through Floodgate, {d} direct ({:.1}x); lost at the slice event through: {}",
+        "S1 under the endpoint threshold ({pods} pods, {writes} writes/s asked, serviceEventsPerSecond {threshold}, {CHURN_SECS} s): contained {:.1} s after the churn began; events {t} through Floodgate, {d} direct ({:.1}x); lost at the slice event through: {} {:?}, direct: {}",
         took.as_secs_f64(),
         d as f64 / t.max(1) as f64,
-        t1.lost_at_event_where(|_| true)
+        t1.lost_at_event_where(|_| true),
+        t1.lost_at_event_by_service,
+        d1.lost_at_event_where(|_| true),
     );
     println!("  link: {}", fg.link_state().await);
     assert!(
