@@ -39,6 +39,7 @@ pub mod config;
 mod fault;
 mod fetch;
 pub mod health;
+mod skipped;
 pub mod strategy;
 pub mod trim;
 mod watch;
@@ -138,11 +139,6 @@ pub struct UpstreamCounters {
     /// the link's task, which sleeps while the link is idle, publishes its state again.
     pub touched: tokio::sync::Notify,
 }
-
-/// ReplicaSets whose skipped pod events a pod watcher counts between two sends of them
-/// ([`Change::Skipped`]): a remote with more churning ReplicaSets in [`watch::SKIPPED_SEND`]
-/// than this is counted for the first ones only (a map entry is about 60 bytes).
-pub const SKIPPED_OWNERS_MAX: usize = 4096;
 
 impl UpstreamCounters {
     /// Says that something was counted (or is about to be): the link publishes its state

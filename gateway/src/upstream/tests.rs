@@ -298,19 +298,30 @@ async fn skipped_pod_events_are_sent_in_order_as_of_when_they_were_read() {
         [view::Change::Upsert(owned_pod("kept", "1"))],
         Instant::now(),
     );
-    let first = next_change(&mut rx).await;
-    let Change::Skipped { replicaset, events } = &first.change else {
-        panic!("the skipped events come first: {first:?}");
+    // One count as a rule; more only if the watcher was descheduled past `SKIPPED_SEND`
+    // between two of the events (a loaded machine): all before the kept pod's change.
+    let mut counted = Vec::new();
+    let kept = loop {
+        let m = next_change(&mut rx).await;
+        match &m.change {
+            Change::Skipped { replicaset, events } => {
+                assert_eq!(replicaset, &NsName::new("prod", "web-rs"));
+                counted.push((*events, m.at));
+            }
+            _ => break m,
+        }
     };
-    assert_eq!(replicaset, &NsName::new("prod", "web-rs"));
-    assert_eq!(*events, 3);
-    let kept = next_change(&mut rx).await;
+    assert!(
+        !counted.is_empty(),
+        "the skipped events come first: {kept:?}"
+    );
+    assert_eq!(counted.iter().map(|(n, _)| n).sum::<u64>(), 3);
     assert!(
         matches!(&kept.change, Change::Apply(o) if &*o.key().id.name == "kept"),
         "{kept:?}"
     );
     assert!(
-        before <= first.at && first.at <= kept.at,
+        (counted.iter()).all(|(_, at)| before <= *at && *at <= kept.at),
         "as of when they were read"
     );
     // One more, and nothing after it: sent on its own.

@@ -4,7 +4,6 @@
 //! remote refuses streaming ones, force a relist where kube-rs cannot recover
 //! ([`needs_relist`]), or are left to kube-rs's backoff.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,9 +27,10 @@ use super::fault::{
     FORCED_RELIST_BACKOFF, is_decode_error, is_expired, is_transport, needs_relist, refused,
     watch_refusal,
 };
+use super::skipped::SkippedEvents;
 use super::strategy::{ListStrategy, refuses_streaming};
 use super::wire::{self, Wire};
-use super::{Message, OPENING_KINDS, SKIPPED_OWNERS_MAX, UpstreamCounters, WATCH_BACKOFF, trim};
+use super::{Message, OPENING_KINDS, UpstreamCounters, WATCH_BACKOFF, trim};
 use crate::churn::Change;
 use crate::model::wanted::WantedPods;
 use crate::model::{Kind, NsName, ObjKey, Object, Server};
@@ -273,45 +273,6 @@ struct Watcher<W, F> {
     skipped: SkippedEvents,
 }
 
-/// How long a pod watcher gathers the watch events of pods it skips before it sends their
-/// counts on ([`Change::Skipped`], one a ReplicaSet): well within the flood detector's
-/// one-second buckets, and a flood's thousands of skipped events a second cost the upstream
-/// queue a few messages.
-pub(super) const SKIPPED_SEND: Duration = Duration::from_millis(100);
-
-/// Watch events of skipped pods by ReplicaSet, since the first of them.
-#[derive(Debug, Default)]
-struct SkippedEvents {
-    by_owner: HashMap<NsName, u64>,
-    since: Option<Instant>,
-}
-
-impl SkippedEvents {
-    /// One event of a skipped pod of ReplicaSet `owner`, read `at`.
-    fn count(&mut self, owner: NsName, at: Instant) {
-        let full = self.by_owner.len() >= SKIPPED_OWNERS_MAX;
-        match self.by_owner.get_mut(&owner) {
-            Some(n) => *n += 1,
-            None if !full => {
-                self.by_owner.insert(owner, 1);
-            }
-            None => {}
-        }
-        self.since.get_or_insert(at);
-    }
-
-    /// When the counts are due to be sent, if there are any.
-    fn due(&self) -> Option<Instant> {
-        self.since.map(|s| s + SKIPPED_SEND)
-    }
-
-    /// The counts and when the first of them was read; none are left.
-    fn take(&mut self) -> Option<(Instant, HashMap<NsName, u64>)> {
-        let since = self.since.take()?;
-        Some((since, std::mem::take(&mut self.by_owner)))
-    }
-}
-
 impl<W, F> Watcher<W, F>
 where
     W: kube::Resource + Send + 'static,
@@ -326,11 +287,22 @@ where
         gate.wait().await;
         self.set_strategy(self.strategy);
         let mut stream = self.open();
+        // One timer for the skipped events' sends, armed when a batch begins: a flood's
+        // thousands of events a second do not each make one.
+        let send_skipped = sleep_until(Instant::now());
+        tokio::pin!(send_skipped);
+        let mut armed = None;
         loop {
-            let skipped_due = self.skipped.due();
+            let due = self.skipped.due();
+            if let Some(at) = due
+                && armed != due
+            {
+                send_skipped.as_mut().reset(at);
+                armed = due;
+            }
             let item = tokio::select! {
                 item = stream.next() => item,
-                () = sleep_until(skipped_due.unwrap_or_else(Instant::now)), if skipped_due.is_some() => {
+                () = &mut send_skipped, if due.is_some() => {
                     if !self.send_skipped(generation, &tx).await {
                         return;
                     }
