@@ -420,6 +420,7 @@ impl Publisher {
         st.endpoints_object = desired.endpoints_object;
         st.endpoints = desired.endpoints;
         st.truncated = desired.truncated;
+        let capped = desired.truncated > 0;
         if st.objects.is_empty() && st.pods.is_empty() && st.owners.is_empty() {
             // Nothing published, nothing wanted: the group's state goes with its service.
             self.groups.remove(g);
@@ -427,7 +428,14 @@ impl Publisher {
         self.awaiting.remove(g);
         let stages = stages::split(changes, &self.view);
         let staged = self.view.watched();
-        if self.apply_stages(g.clone(), stages, now, staged) {
+        // A capped service's endpoint the cap has just swapped in names a pod that comes
+        // into the view for it: that pod leads it longer ([`stages::CAPPED_LEAD`]).
+        let entering = if capped {
+            stages::CAPPED_LEAD
+        } else {
+            stages::LEAD
+        };
+        if self.apply_stages(g.clone(), stages, now, staged, entering) {
             self.counters.downstream_updates += 1;
         }
         self.request_pods(missing)

@@ -152,7 +152,7 @@ impl Publisher {
             .collect();
         for g in due {
             if let Some(tail) = self.tails.remove(&g) {
-                self.apply_stages(g, tail.stages, tail.due, true);
+                self.apply_stages(g, tail.stages, tail.due, true, stages::LEAD);
             }
         }
     }
@@ -162,22 +162,24 @@ impl Publisher {
     pub fn flush(&mut self) {
         self.awaiting.clear();
         for (g, tail) in std::mem::take(&mut self.tails) {
-            self.apply_stages(g, tail.stages, tail.due, false);
+            self.apply_stages(g, tail.stages, tail.due, false, stages::LEAD);
         }
     }
 
-    /// Applies a group's stages from `now` ([`stages::apply`]); what must wait is kept. A
-    /// deletion of an object some group publishes again since is dropped.
+    /// Applies a group's stages from `now` ([`stages::apply`], `entering` the lead of a pod new
+    /// to the view); what must wait is kept. A deletion of an object some group publishes
+    /// again since is dropped.
     pub(super) fn apply_stages(
         &mut self,
         g: Group,
         stages: VecDeque<(Stage, Vec<ViewChange>)>,
         now: Instant,
         staged: bool,
+        entering: Duration,
     ) -> bool {
         let refs = &self.obj_refs;
         let keep = |c: &ViewChange| !matches!(c, ViewChange::Delete(k) if refs.contains_key(k));
-        let (tail, produced) = stages::apply(&self.view, stages, now, staged, keep);
+        let (tail, produced) = stages::apply(&self.view, stages, now, staged, entering, keep);
         if let Some(tail) = tail {
             self.tails.insert(g, tail);
         }

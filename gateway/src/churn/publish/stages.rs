@@ -9,7 +9,8 @@
 //! Service's Endpoints when it handles the Service's `ADDED`. A resource-version order alone
 //! leaves a race a real cluster does not have: its controllers write a pod 9 to 30 ms before the
 //! slice that names it. So a publication is split into up to three [`Stage`]s, each applied to
-//! the view [`LEAD`] after the one before it produced events:
+//! the view [`LEAD`] after the one before it produced events ([`CAPPED_LEAD`] behind a pod that
+//! enters the view for an endpoint a service's cap has just swapped in):
 //!
 //! | stage | on the way in | on the way out |
 //! | --- | --- | --- |
@@ -36,6 +37,18 @@ use crate::view::{Change, View};
 /// docs/figures.md), so a consumer's pod informer has stored the pod before its slice
 /// informer handles the slice, whatever its transport.
 pub const LEAD: Duration = Duration::from_millis(30);
+
+/// How long a pod entering the view leads an endpoint the cap has just chosen to name it as
+/// ready: a capped service's kept subset changes as its endpoints flip, and the endpoint
+/// swapped in has been ready at the remote for a while, so a consumer reading the remote
+/// directly has held its pod all along, and no real cluster's lead applies. A consumer's pod
+/// informer stores a new pod 0 to 7 ms after Floodgate writes it (client-go through Floodgate
+/// beside a real server in a crash loop, `make test-real`'s `s1_rate`), but on a loaded machine
+/// a consumer descheduled for longer than [`LEAD`] wakes to both events at once and handles
+/// them in either order: with a [`LEAD`] there, that S1 lost 1 and 6 of the flooding service's
+/// addresses at the slice event in 2 runs of 6, though Floodgate served each pod before its
+/// slice. Nothing waits on the cap's choice, so the lead can be long.
+pub const CAPPED_LEAD: Duration = Duration::from_millis(500);
 
 /// A stage of a publication, in the order they are applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -84,31 +97,56 @@ pub(super) fn split(changes: Vec<Change>, view: &View) -> VecDeque<(Stage, Vec<C
         .collect()
 }
 
-/// Whether `next` must wait a [`LEAD`] behind `before`, applied just now: endpoints wait for
-/// the pods they name as ready and for a Service leaving before them; a Service entering and
-/// pods leaving wait for the endpoints (their stage only ever follows one).
-fn waits(before: &[Change], (stage, next): (Stage, &[Change])) -> bool {
+/// What a stage just applied holds that the next may wait for: its changes, and the pods it
+/// brought into the view (not merely changed there).
+#[derive(Default)]
+struct Applied {
+    changes: Vec<Change>,
+    entered: HashSet<NsName>,
+}
+
+/// How long `next` must wait behind `before`, applied just now, if at all: endpoints wait a
+/// [`LEAD`] for the pods they name as ready and for a Service leaving before them, and
+/// `entering` (the publication's lead for a pod new to the view, [`CAPPED_LEAD`] for a capped
+/// service) for a pod that entered; a Service entering and pods leaving wait a [`LEAD`] for
+/// the endpoints (their stage only ever follows one).
+fn waits(
+    before: &Applied,
+    (stage, next): (Stage, &[Change]),
+    entering: Duration,
+) -> Option<Duration> {
     if stage != Stage::Endpoints {
-        return true;
+        return Some(LEAD);
     }
-    if before
-        .iter()
+    let mut lead = (before.changes.iter())
         .any(|c| matches!(c, Change::Delete(k) if k.kind == Kind::Service))
-    {
-        return true;
-    }
-    let pods: HashSet<&NsName> = (before.iter())
+        .then_some(LEAD);
+    let pods: HashSet<&NsName> = (before.changes.iter())
         .filter_map(|c| match c {
             Change::Upsert(Object::Pod(p)) => Some(p.id()),
             _ => None,
         })
         .collect();
-    let named = |(pod, ready): (NsName, bool)| ready && pods.contains(&pod);
-    next.iter().any(|c| match c {
-        Change::Upsert(Object::EndpointSlice(s)) => s.pod_refs_ready().into_iter().any(named),
-        Change::Upsert(Object::Endpoints(e)) => e.pod_refs_ready().any(named),
-        _ => false,
-    })
+    let mut named = |(pod, ready): (NsName, bool)| {
+        if ready && pods.contains(&pod) {
+            let wait = if before.entered.contains(&pod) {
+                entering
+            } else {
+                LEAD
+            };
+            lead = lead.max(Some(wait));
+        }
+    };
+    for c in next {
+        match c {
+            Change::Upsert(Object::EndpointSlice(s)) => {
+                s.pod_refs_ready().into_iter().for_each(&mut named)
+            }
+            Change::Upsert(Object::Endpoints(e)) => e.pod_refs_ready().for_each(&mut named),
+            _ => {}
+        }
+    }
+    lead
 }
 
 /// The stages of a group's publication still to apply, the next at `due`.
@@ -118,26 +156,31 @@ pub(super) struct Tail {
     pub(super) stages: VecDeque<(Stage, Vec<Change>)>,
 }
 
-/// Applies `stages` in order from `now`, each [`LEAD`] after one that produced events; returns
-/// what is left to apply later, if anything. `keep` drops a deletion that no longer holds (a
-/// pod another group publishes since the publication was computed). `staged: false` applies
-/// them all at once (nobody follows the view).
+/// Applies `stages` in order from `now`, each after one that produced events by the lead
+/// [`waits`] says (`entering`: behind a pod new to the view, [`LEAD`] or [`CAPPED_LEAD`]);
+/// returns what is left to apply later, if anything. `keep` drops a deletion that no longer
+/// holds (a pod another group publishes since the publication was computed). `staged: false`
+/// applies them all at once (nobody follows the view).
 pub(super) fn apply(
     view: &View,
     mut stages: VecDeque<(Stage, Vec<Change>)>,
     now: Instant,
     staged: bool,
+    entering: Duration,
     keep: impl Fn(&Change) -> bool,
 ) -> (Option<Tail>, bool) {
-    let (mut produced, mut last) = (false, Vec::new());
+    let (mut produced, mut last) = (false, Applied::default());
     while let Some((tag, stage)) = stages.pop_front() {
-        if !last.is_empty() && staged && waits(&last, (tag, &stage)) {
+        let wait = (!last.changes.is_empty() && staged)
+            .then(|| waits(&last, (tag, &stage), entering))
+            .flatten();
+        if let Some(lead) = wait {
             stages.push_front((tag, stage));
             // Stages of no-ops (a Service and slices upserted as they are) wait for nothing.
             if !stages.iter().any(|(_, s)| view.would_change(s)) {
                 return (None, true);
             }
-            let due = now + LEAD;
+            let due = now + lead;
             return (Some(Tail { due, stages }), true);
         }
         let stage: Vec<Change> = stage.into_iter().filter(&keep).collect();
@@ -145,9 +188,24 @@ pub(super) fn apply(
             produced |= !view.apply(stage, now).is_empty();
             continue;
         }
+        let entered = (stage.iter())
+            .filter_map(|c| match c {
+                Change::Upsert(o @ Object::Pod(p)) if view.get(&o.key()).is_none() => {
+                    Some(p.id().clone())
+                }
+                _ => None,
+            })
+            .collect();
         let applied = !view.apply(stage.clone(), now).is_empty();
         produced |= applied;
-        last = if applied { stage } else { Vec::new() };
+        last = if applied {
+            Applied {
+                changes: stage,
+                entered,
+            }
+        } else {
+            Applied::default()
+        };
     }
     (None, produced)
 }
@@ -222,13 +280,13 @@ mod tests {
                 v,
             )
         };
-        let (tail, produced) = apply(&view, all(&view), now, true, |_| true);
+        let (tail, produced) = apply(&view, all(&view), now, true, LEAD, |_| true);
         assert!(produced);
         let tail = tail.expect("the slice waits for its pod");
         assert_eq!(tail.due, now + LEAD);
         assert_eq!(view.len(Kind::Pod), 1);
         assert_eq!(view.len(Kind::EndpointSlice), 0);
-        let (rest, _) = apply(&view, tail.stages, tail.due, true, |_| true);
+        let (rest, _) = apply(&view, tail.stages, tail.due, true, LEAD, |_| true);
         assert!(rest.is_none());
         assert_eq!(view.len(Kind::EndpointSlice), 1);
         // The pod is served as it is: its stage is a no-op, the slice's change goes at once.
@@ -238,11 +296,11 @@ mod tests {
             &view,
         );
         assert_eq!(stages.len(), 2);
-        let (rest, produced) = apply(&view, stages, now, true, |_| true);
+        let (rest, produced) = apply(&view, stages, now, true, LEAD, |_| true);
         assert!(rest.is_none() && produced);
         // Unstaged: every stage at once.
         let other = View::new(2, 100);
-        let (rest, _) = apply(&other, all(&other), now, false, |_| true);
+        let (rest, _) = apply(&other, all(&other), now, false, LEAD, |_| true);
         assert!(rest.is_none());
         assert_eq!(other.len(Kind::EndpointSlice), 1);
     }

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Endpoints, ServiceSpec};
 
 use super::*;
 use crate::churn::publish::AWAIT;
-use crate::churn::publish::stages::LEAD;
+use crate::churn::publish::stages::{CAPPED_LEAD, LEAD};
 use crate::churn::removal::QUIET;
 use crate::model::EndpointsObject;
 use crate::view::{Change as ViewChange, EventType};
@@ -265,7 +265,7 @@ async fn a_fetch_never_answered_holds_the_slice_for_a_while_only() {
 /// changes are published at once.
 #[tokio::test(start_paused = true)]
 async fn an_endpoint_leaves_its_slice_a_lead_before_its_pod_goes() {
-    let (mut e, mut feeds) = synced_with_two().await;
+    let (mut e, mut feeds) = synced_with_two(&mk_spec()).await;
     apply(&mut e, mk_slice("web", "web-x", &[(1, true)]));
     e.ingest(
         Change::Delete(mk_ready_pod("web-2", true).key()),
@@ -282,10 +282,46 @@ async fn an_endpoint_leaves_its_slice_a_lead_before_its_pod_goes() {
     );
 }
 
-/// [`serving_web`] with pods web-1 and web-2.
-async fn synced_with_two() -> (Engine, Feeds) {
+/// A capped service's kept subset changes as its endpoints flip: the cap swaps a ready
+/// endpoint in for one turned not ready. The endpoint swapped in has been ready at the remote
+/// all along (a consumer reading it directly holds its pod), so its pod, fetched and new to the
+/// view, leads it by `CAPPED_LEAD`, not a `LEAD`; the pod swapped out goes a `LEAD` after.
+#[tokio::test(start_paused = true)]
+async fn a_pod_the_cap_swaps_in_leads_its_endpoint_longer() {
+    let mut spec = mk_spec();
+    spec.caps.max_endpoints_per_service = 1;
+    let (mut e, mut feeds) = synced_with_two(&spec).await;
+    assert_eq!(e.view().len(Kind::Pod), 1, "web-1 kept and served");
+    apply(&mut e, mk_slice("web", "web-x", &[(1, false), (2, true)]));
+    assert!(polled(&mut e, &mut feeds).is_empty(), "web-2 is fetched");
+    let asked = take_fetches(&mut e);
+    e.ingest(found(&asked, mk_ready_pod("web-2", true)), Instant::now());
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Pod, EventType::Added, "web-2")],
+        "the pod first"
+    );
+    time::advance(CAPPED_LEAD - Duration::from_millis(1)).await;
+    assert!(
+        polled(&mut e, &mut feeds).is_empty(),
+        "not before the capped lead"
+    );
+    time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::EndpointSlice, EventType::Modified, "web-x")]
+    );
+    time::advance(LEAD).await;
+    assert_eq!(
+        polled(&mut e, &mut feeds),
+        [ev(Kind::Pod, EventType::Deleted, "web-1")]
+    );
+}
+
+/// [`serving_web`] with pods web-1 and web-2, under `spec`.
+async fn synced_with_two(spec: &LinkSpec) -> (Engine, Feeds) {
     let e = synced(
-        &mk_spec(),
+        spec,
         vec![
             mk_service("web", true),
             mk_slice("web", "web-x", &[(1, true), (2, true)]),
