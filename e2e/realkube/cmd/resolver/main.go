@@ -243,7 +243,7 @@ func (r *resolver) resolveAtEvents(slices cache.SharedIndexInformer, pods cache.
 		r.held[s.Namespace+"/"+s.Name] = sliceHeld{service: service, pods: held}
 		if len(lost) > 0 && synced() {
 			r.lost[service] += len(lost)
-			fmt.Fprintf(os.Stderr, "lost at the event of %s/%s: %v\n", s.Namespace, s.Name, lost)
+			fmt.Fprintf(os.Stderr, "%d lost at the event of %s/%s: %v\n", now, s.Namespace, s.Name, lost)
 		}
 		at := r.heldAt[service]
 		if at == nil {
